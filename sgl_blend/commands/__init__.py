@@ -1,0 +1,1 @@
+"""Subcommands of `sgl-blend`, discovered by `sgl_blend.cli`."""

@@ -1,0 +1,49 @@
+"""The main job end to end: start smollm2-135m, answer a chat request, then run a demo batch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+NAME = "demo"
+HELP = __doc__.splitlines()[0]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--work-dir", type=Path, default=Path("demo-output"), help="where outputs and logs go")
+    parser.add_argument("--batch-lines", type=int, default=64, help="lines in the demo batch (0: chat only)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import openai
+
+    from sgl_blend.serve import ServerStartError, start_server
+
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    log = args.work_dir / "server.log"
+    print(f"[demo] starting {args.model} on port {args.port} (log: {log})", flush=True)
+    start = time.monotonic()
+    try:
+        server = start_server(args.model, ["--port", str(args.port), "--enable-cache-report"], log_path=log)
+    except (ServerStartError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    try:
+        print(f"[demo] server ready in {time.monotonic() - start:.1f} s at {server.base_url}", flush=True)
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key or "none")
+        question = "What is the capital of France?"
+        answer = client.chat.completions.create(
+            model=args.model, messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0
+        ).choices[0].message.content
+        print(f"[demo] chat> {question}\n[demo] {args.model}> {answer}", flush=True)
+        if args.batch_lines:
+            from sgl_blend.demo_batch import run_demo_batch
+
+            run_demo_batch(client, args.work_dir, args.batch_lines)
+    finally:
+        server.stop()
+    return 0

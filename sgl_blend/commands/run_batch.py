@@ -1,0 +1,56 @@
+"""Run an OpenAI batch file offline through a local server; resumable, with a progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+NAME = "run-batch"
+HELP = __doc__.splitlines()[0]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sgl_blend.run_batch import POLICIES
+
+    parser.add_argument("-i", "--input", type=Path, required=True, help="input JSONL (OpenAI batch line format)")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="output JSONL (appended; resumable)")
+    parser.add_argument("--error-file", type=Path, default=None, help="error JSONL (default: OUTPUT with .errors.jsonl)")
+    parser.add_argument("--model", required=True, help="tiny-llama, smollm2-135m, or a model path")
+    parser.add_argument("--policy", choices=POLICIES, default="blendserve",
+                        help="offline order: BlendServe, exact DFS, or SGLang's own lpm/fcfs")
+    parser.add_argument("--hardware", default=None, help="hardware profile for the cost model (name or hw.json)")
+    parser.add_argument("--max-inflight", type=int, default=1024, help="lines handed to the scheduler at once")
+    parser.add_argument("--server-log", type=Path, default=None, help="where the server's output goes")
+    parser.add_argument("--summary-json", type=Path, default=None, help="also write the summary here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(accepts_extra_args=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sgl_blend.run_batch import run_on_fresh_server
+    from sgl_blend.serve import ServerStartError
+
+    if not args.input.is_file():
+        print(f"error: no input file {args.input}", file=sys.stderr)
+        return 2
+    error_path = args.error_file or args.output.with_suffix(".errors.jsonl")
+    server_log = args.server_log or args.output.with_suffix(".server.log")
+    print(f"starting the {args.model} server (log: {server_log}) ...", file=sys.stderr, flush=True)
+    try:
+        totals, _state = run_on_fresh_server(
+            args.model, args.policy, args.input, args.output, error_path, sglang_args=args.extra_args,
+            hardware=args.hardware, server_log=server_log, show_progress=not args.no_progress,
+            max_inflight=args.max_inflight)
+    except (ServerStartError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: finished lines are saved; run the same command again to resume", file=sys.stderr)
+        return 130
+    summary = {"policy": args.policy, "output": str(args.output), "errors": str(error_path), **totals.summary()}
+    print(json.dumps(summary, indent=2))
+    if args.summary_json:
+        args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0

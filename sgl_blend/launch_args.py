@@ -1,0 +1,46 @@
+"""SGLang command-line arguments as sgl-blend starts them: user flags plus the CPU defaults.
+
+Every SGLang flag the user gives passes through unchanged; a CPU default is added only where the
+user did not give that flag. The defaults are what SGLang 0.5.23 needs to run well on a CPU:
+the torch-native attention backend, a bounded KV pool (the default memory fraction would take
+~15 GB of RAM), sleeping when idle (an idle scheduler otherwise burns a core), and loopback only.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+CPU_DEFAULT_FLAGS: tuple[tuple[str, str | None], ...] = (
+    ("--device", "cpu"),
+    ("--attention-backend", "torch_native"),
+    ("--max-total-tokens", "65536"),
+    ("--sleep-on-idle", None),
+    ("--host", "127.0.0.1"),
+    ("--skip-server-warmup", None),
+)
+
+
+def given_flags(argv: Sequence[str]) -> set[str]:
+    """The ``--flag`` names present in argv, in either ``--flag value`` or ``--flag=value`` form."""
+    return {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+
+
+def with_defaults(argv: Sequence[str], defaults: Sequence[tuple[str, str | None]]) -> list[str]:
+    present = given_flags(argv)
+    extended = list(argv)
+    for flag, value in defaults:
+        if flag not in present:
+            extended += [flag] if value is None else [flag, value]
+    return extended
+
+
+def flag_value(argv: Sequence[str], flag: str, default: str | None = None) -> str | None:
+    """The value of ``flag`` in argv (last occurrence wins, as in argparse)."""
+    value = default
+    for index, arg in enumerate(argv):
+        if arg == flag and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value

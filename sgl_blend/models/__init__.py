@@ -1,0 +1,1 @@
+"""Models sgl-blend builds locally, without any model hub: see `registry`."""

@@ -1,0 +1,264 @@
+"""`sgl-blend run-batch`: an offline job over an OpenAI batch file, through a real server.
+
+Lines go to the server as offline work, so the scheduler orders them (BlendServe by default),
+and results are appended to the output file the moment each finishes. The output and error
+files are the job's only state: a re-run skips every custom_id (and every failed line number)
+already written, so an interrupted job resumes without running a line twice. A wide window of
+lines is kept in flight because the scheduler can only order what it has been given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TextIO
+
+import aiohttp
+from tqdm import tqdm
+
+from sgl_blend.batch_lines import BatchLine, LineError, error_record, output_record, parse_line
+from sgl_blend.offline import offline_headers
+
+if TYPE_CHECKING:
+    from sgl_blend.serve import ServerProcess
+
+RUN_BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
+POLICIES = ("blendserve", "dfs", "lpm", "fcfs")
+
+
+@dataclass
+class JobTotals:
+    completed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    seconds: float = 0.0
+    seen_ids: set[str] = field(default_factory=set)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "completed": self.completed,
+            "failed": self.failed,
+            "skipped_already_done": self.skipped,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cache_hit_ratio": round(self.cached_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0,
+            "seconds": round(self.seconds, 2),
+            "tokens_per_s": round((self.prompt_tokens + self.completion_tokens) / self.seconds, 1) if self.seconds else 0.0,
+            "output_tokens_per_s": round(self.completion_tokens / self.seconds, 1) if self.seconds else 0.0,
+        }
+
+
+def finished_keys(*paths: Path) -> tuple[set[str], set[int]]:
+    """custom_ids and failed line numbers already written by an earlier run of the same job."""
+    ids: set[str] = set()
+    lines: set[int] = set()
+    for path in paths:
+        if not path.exists():
+            continue
+        with path.open() as handle:
+            for text in handle:
+                try:
+                    record = json.loads(text)
+                except json.JSONDecodeError:
+                    continue
+                if record.get("custom_id"):
+                    ids.add(record["custom_id"])
+                elif isinstance(record.get("line"), int):
+                    lines.add(record["line"])
+    return ids, lines
+
+
+def read_lines(path: Path) -> Iterator[BatchLine | LineError]:
+    with path.open() as handle:
+        for number, text in enumerate(handle, start=1):
+            if text.strip():
+                yield parse_line(text, number, RUN_BATCH_URLS)
+
+
+class JsonlAppender:
+    """Appends one JSON record per line and flushes it, so a crash loses at most a partial line."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle: TextIO = path.open("a")
+        if path.stat().st_size and not _ends_with_newline(path):
+            self._handle.write("\n")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) == b"\n"
+
+
+async def run_job(
+    input_path: Path,
+    output_path: Path,
+    error_path: Path,
+    base_url: str,
+    *,
+    api_key: str | None = None,
+    max_inflight: int = 1024,
+    job_id: str = "run-batch",
+    show_progress: bool = True,
+) -> JobTotals:
+    done_ids, done_lines = finished_keys(output_path, error_path)
+    totals = JobTotals(seen_ids=set(done_ids))
+    todo = sum(1 for item in read_lines(input_path) if _needs_run(item, done_ids, done_lines))
+    outputs, errors = JsonlAppender(output_path), JsonlAppender(error_path)
+    headers = {**offline_headers(job_id), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    bar = tqdm(total=todo, unit="req", disable=not show_progress, dynamic_ncols=True)
+    start = time.monotonic()
+    window = asyncio.Semaphore(max_inflight)
+    tasks: set[asyncio.Task] = set()
+    try:
+        async with aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            for item in read_lines(input_path):
+                if not _needs_run(item, done_ids, done_lines):
+                    totals.skipped += 1
+                    continue
+                if isinstance(item, LineError) or item.custom_id in totals.seen_ids:
+                    _record_invalid(item, totals, errors)
+                    bar.update(1)
+                    continue
+                totals.seen_ids.add(item.custom_id)
+                await window.acquire()
+                task = asyncio.create_task(_send(session, item, totals, outputs, errors))
+                task.add_done_callback(lambda _t: (window.release(), bar.update(1), _show_rate(bar, totals, start)))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        totals.seconds = time.monotonic() - start
+        bar.close()
+        outputs.close()
+        errors.close()
+    return totals
+
+
+def _needs_run(item: BatchLine | LineError, done_ids: set[str], done_lines: set[int]) -> bool:
+    if item.custom_id and item.custom_id in done_ids:
+        return False
+    return not (item.custom_id is None and item.line_number in done_lines)
+
+
+def _record_invalid(item: BatchLine | LineError, totals: JobTotals, errors: JsonlAppender) -> None:
+    totals.failed += 1
+    if isinstance(item, LineError):
+        custom_id = item.custom_id
+        if custom_id is not None and custom_id in totals.seen_ids:
+            custom_id = None
+        errors.write(error_record(custom_id, item.code, item.message, item.line_number))
+    else:
+        errors.write(error_record(None, "duplicate_custom_id",
+                                  f"custom_id {item.custom_id!r} appears more than once", item.line_number))
+
+
+async def _send(session: aiohttp.ClientSession, line: BatchLine, totals: JobTotals,
+                outputs: JsonlAppender, errors: JsonlAppender) -> None:
+    try:
+        async with session.post(line.url, json=line.body) as response:
+            text = await response.text()
+            status = response.status
+    except aiohttp.ClientError as error:
+        totals.failed += 1
+        errors.write(error_record(line.custom_id, "engine_unreachable", str(error), line.line_number))
+        return
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        body = {"error": {"message": text[:2000]}}
+    if status != 200:
+        totals.failed += 1
+        errors.write(output_record(line.custom_id, status, body))
+        return
+    usage = body.get("usage") or {}
+    totals.completed += 1
+    totals.prompt_tokens += usage.get("prompt_tokens", 0)
+    totals.completion_tokens += usage.get("completion_tokens", 0)
+    totals.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+    outputs.write(output_record(line.custom_id, status, body, body.get("id")))
+
+
+def _show_rate(bar: tqdm, totals: JobTotals, start: float) -> None:
+    elapsed = max(time.monotonic() - start, 1e-9)
+    bar.set_postfix(tok_s=f"{(totals.prompt_tokens + totals.completion_tokens) / elapsed:.0f}",
+                    failed=totals.failed, refresh=False)
+
+
+def policy_launch(policy: str, hardware: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """SGLang flags and scheduler environment for a policy: ours through the pool, or SGLang's own."""
+    from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, OFF, POLICY_ENV
+
+    env = {HARDWARE_ENV: hardware} if hardware else {}
+    if policy in ("lpm", "fcfs"):
+        return ["--schedule-policy", policy], {**env, POLICY_ENV: OFF}
+    return ["--schedule-policy", "fcfs"], {**env, POLICY_ENV: policy}
+
+
+def run_on_fresh_server(
+    model: str,
+    policy: str,
+    input_path: Path,
+    output_path: Path,
+    error_path: Path,
+    *,
+    sglang_args: Sequence[str] = (),
+    hardware: str | None = None,
+    server_log: Path | None = None,
+    show_progress: bool = True,
+    max_inflight: int = 1024,
+    while_running: Callable[[ServerProcess], None] | None = None,
+) -> tuple[JobTotals, dict[str, Any]]:
+    """Start a server for one policy, run the job, and stop it.
+
+    Returns the job totals and the plugin's final scheduler state. ``while_running`` runs in a
+    thread alongside the job (online traffic, for instance) and is joined before the server stops.
+    """
+    import threading
+
+    from sgl_blend.serve import start_server
+
+    flags, env = policy_launch(policy, hardware)
+    server = start_server(model, ["--enable-cache-report", *flags, *sglang_args], log_path=server_log, extra_env=env)
+    side_thread = threading.Thread(target=while_running, args=(server,)) if while_running else None
+    try:
+        if side_thread:
+            side_thread.start()
+        totals = asyncio.run(run_job(input_path, output_path, error_path, server.base_url, api_key=server.api_key,
+                                     max_inflight=max_inflight, show_progress=show_progress))
+        if side_thread:
+            side_thread.join()
+        return totals, scheduler_plugin_state(server)
+    finally:
+        server.stop()
+
+
+def scheduler_plugin_state(server: ServerProcess) -> dict[str, Any]:
+    """The plugin's state as the (first) scheduler reports it in ``/server_info``."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{server.base_url}/server_info",
+                                     headers={"Authorization": f"Bearer {server.api_key}"} if server.api_key else {})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)["internal_states"][0].get("sgl_blend", {})

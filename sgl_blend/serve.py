@@ -1,0 +1,151 @@
+"""`sgl-blend serve`: run SGLang's HTTP server with the plugin, and supervise it.
+
+The server runs as a child in its own process group, so that Ctrl-C, SIGTERM or a crash of the
+supervisor takes down SGLang's scheduler and detokenizer too, and never leaves an orphan holding
+a port and gigabytes of KV memory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from sgl_blend import cpu_compat
+from sgl_blend.launch_args import CPU_DEFAULT_FLAGS, CPU_ENV, flag_value, with_defaults
+from sgl_blend.models.registry import resolve_model_path
+
+DEFAULT_PORT = 30000
+STOP_GRACE_S = 15.0
+
+
+class ServerStartError(RuntimeError):
+    """SGLang exited before it became healthy."""
+
+
+@dataclass
+class ServerProcess:
+    """A running `sgl-blend` server: its process group and where it answers."""
+
+    process: subprocess.Popen
+    base_url: str
+    api_key: str | None = None
+    log_path: Path | None = None
+    argv: list[str] = field(default_factory=list)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM the whole group, then SIGKILL whatever is left after the grace period."""
+        _signal_group(self.process, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(self.process, signal.SIGKILL)
+        return self.process.wait()
+
+    def kill(self) -> None:
+        """Hard-kill the whole group at once, as a crash or the OOM killer would."""
+        _signal_group(self.process, signal.SIGKILL)
+        self.process.wait()
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def server_argv(model: str, sglang_args: Sequence[str], cache_dir: Path | None = None) -> list[str]:
+    """The server's full argument list: the resolved model path, user flags, then CPU defaults."""
+    argv = ["--model-path", str(resolve_model_path(model, cache_dir)), *sglang_args]
+    if not cpu_compat.cuda_present():
+        argv = with_defaults(argv, CPU_DEFAULT_FLAGS)
+    return with_defaults(argv, (("--port", str(DEFAULT_PORT)),))
+
+
+def start_server(
+    model: str,
+    sglang_args: Sequence[str] = (),
+    *,
+    cache_dir: Path | None = None,
+    log_path: Path | None = None,
+    ready_timeout_s: float = 600.0,
+    extra_env: dict[str, str] | None = None,
+) -> ServerProcess:
+    """Start the server and return once ``/health`` answers 200; raise with SGLang's error otherwise.
+
+    ``extra_env`` reaches every server process (the scheduler reads its offline policy from it).
+    """
+    argv = server_argv(model, sglang_args, cache_dir)
+    env = dict(os.environ)
+    if not cpu_compat.cuda_present():
+        env.update(CPU_ENV)
+    env.update(extra_env or {})
+    log = open(log_path, "ab") if log_path else None
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sgl_blend.server_main", *argv],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT if log else None,
+        start_new_session=True,
+    )
+    host = flag_value(argv, "--host", "127.0.0.1")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    server = ServerProcess(
+        process=process,
+        base_url=f"http://{host}:{flag_value(argv, '--port')}",
+        api_key=flag_value(argv, "--api-key"),
+        log_path=log_path,
+        argv=argv,
+    )
+    try:
+        wait_healthy(server, ready_timeout_s)
+    except BaseException:
+        server.stop(grace_s=5)
+        raise
+    return server
+
+
+def wait_healthy(server: ServerProcess, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
+    while time.monotonic() < deadline:
+        code = server.process.poll()
+        if code is not None:
+            where = f"; see {server.log_path}" if server.log_path else ""
+            raise ServerStartError(f"SGLang exited with code {code} before becoming healthy{where}")
+        try:
+            request = urllib.request.Request(server.base_url + "/health", headers=headers)
+            with urllib.request.urlopen(request, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise ServerStartError(f"SGLang did not become healthy within {timeout_s:.0f} s")
+
+
+def serve_forever(server: ServerProcess) -> int:
+    """Block until the server exits or this process is told to stop; forward a stop to the group.
+
+    The signal handler only records the request: stopping waits on the child, and a wait inside a
+    handler that interrupted another wait on the same child would deadlock on Popen's lock.
+    """
+    requested: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: requested.append(signum))
+    while not requested:
+        code = server.process.poll()
+        if code is not None:
+            return code
+        time.sleep(0.2)
+    server.stop()
+    return 128 + requested[0]

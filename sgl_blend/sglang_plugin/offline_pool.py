@@ -1,0 +1,138 @@
+"""The scheduler-side offline pool: SGLang `Req`s on one side, an `AdmissionPolicy` on the other.
+
+It owns no scheduling logic of its own. Each iteration it (1) reconciles what SGLang's waiting
+queue holds with what the policy believes is pending -- new arrivals are submitted, retracted
+requests reported as preempted, aborted ones withdrawn -- (2) asks the policy for a proposal and
+reorders the waiting queue as online requests first, then the proposal, then the rest of the
+offline requests, and (3) lets only proposed offline requests through SGLang's own `PrefillAdder`,
+so token budgets, chunked prefill, radix locking and retraction stay SGLang's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from typing import Any, Iterable, Protocol
+
+from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
+from sgl_blend.offline import is_offline
+
+RECORD_LENGTH = 512
+MAX_PROPOSAL = 128
+
+
+class SchedulerReq(Protocol):
+    """The few fields of SGLang's `Req` the pool reads."""
+
+    rid: str
+    routing_key: str | None
+    origin_input_ids: Any
+    output_ids: Any
+    sampling_params: Any
+
+    def finished(self) -> bool: ...
+
+
+def to_offline_request(req: SchedulerReq) -> OfflineRequest:
+    params = req.sampling_params
+    return OfflineRequest(
+        rid=req.rid,
+        prompt_ids=tuple(req.origin_input_ids),
+        max_new_tokens=int(params.max_new_tokens),
+        exact_output_len=bool(params.ignore_eos),
+    )
+
+
+class OfflinePool:
+    def __init__(self, policy: AdmissionPolicy, policy_name: str, kv_capacity: int) -> None:
+        self.policy = policy
+        self.policy_name = policy_name
+        policy.set_kv_capacity(kv_capacity)
+        self._pending: set[str] = set()
+        self._running: set[str] = set()
+        self._proposed: set[str] = set()
+        self._iteration = 0
+        self._records: deque[dict[str, Any]] = deque(maxlen=RECORD_LENGTH)
+        self.counts: Counter[str] = Counter()
+        self.plan_seconds = 0.0
+
+    def order_waiting_queue(self, waiting_queue: list, free_kv_tokens: int) -> None:
+        """Reorder SGLang's waiting queue in place: online first, then the policy's proposal."""
+        online, offline = [], []
+        for req in waiting_queue:
+            (offline if is_offline(req.routing_key) else online).append(req)
+        if not offline:
+            self._proposed = set()
+            return
+        self._reconcile(offline)
+        start = time.perf_counter()
+        proposal = self.policy.propose(free_kv_tokens, MAX_PROPOSAL)
+        self.plan_seconds += time.perf_counter() - start
+        self._proposed = {request.rid for request in proposal}
+        by_rid = {req.rid: req for req in offline}
+        ordered = [by_rid[request.rid] for request in proposal if request.rid in by_rid]
+        rest = [req for req in offline if req.rid not in self._proposed]
+        waiting_queue[:] = online + ordered + rest
+
+    def _reconcile(self, offline: list) -> None:
+        present = set()
+        arrivals = []
+        for req in offline:
+            present.add(req.rid)
+            if req.rid in self._running:
+                self._running.discard(req.rid)
+                self._pending.add(req.rid)
+                self.policy.preempted(req.rid)
+                self.counts["preempted"] += 1
+            elif req.rid not in self._pending:
+                arrivals.append(req)
+        for rid in self._pending - present:
+            self._pending.discard(rid)
+            self.policy.withdraw(rid)
+            self.counts["withdrawn"] += 1
+        if arrivals:
+            self.policy.submit(to_offline_request(req) for req in arrivals)
+            self._pending.update(req.rid for req in arrivals)
+            self.counts["submitted"] += len(arrivals)
+
+    def may_admit(self, req: SchedulerReq) -> bool:
+        """Online requests always; offline requests only when the policy proposed them."""
+        return not is_offline(req.routing_key) or req.rid in self._proposed
+
+    def on_admitted(self, req: SchedulerReq) -> None:
+        if req.rid in self._pending:
+            self._pending.discard(req.rid)
+            self._running.add(req.rid)
+            self.policy.admitted([req.rid])
+            self.counts["admitted"] += 1
+
+    def on_batch_result(self, reqs: Iterable[SchedulerReq]) -> None:
+        """Report progress and completions, and record which scan sides share this batch."""
+        self._iteration += 1
+        sides: Counter[str] = Counter()
+        for req in reqs:
+            if req.rid not in self._running:
+                sides["online" if not is_offline(req.routing_key) else "untracked"] += 1
+                continue
+            sides[self.policy.admission_side(req.rid) or "single"] += 1
+            if req.finished():
+                self._running.discard(req.rid)
+                self.policy.finished(req.rid, len(req.output_ids))
+                self.counts["finished"] += 1
+            else:
+                self.policy.progress(req.rid, len(req.output_ids))
+        if sides["compute"] and sides["memory"]:
+            self.counts["blended_iterations"] += 1
+        if any(side in sides for side in ("compute", "memory", "single")):
+            self._records.append({"iteration": self._iteration, **sides})
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the plugin publishes through `/server_info`."""
+        return {
+            "policy": self.policy_name,
+            "pending": len(self._pending),
+            "running": len(self._running),
+            "counts": dict(self.counts),
+            "plan_seconds": round(self.plan_seconds, 4),
+            "iterations": list(self._records),
+        }

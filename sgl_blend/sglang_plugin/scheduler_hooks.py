@@ -1,0 +1,106 @@
+"""Hooks that put the offline pool into SGLang's scheduler through its own extension points.
+
+- An AROUND hook on ``SchedulePolicy.calc_priority`` lets SGLang order the waiting queue as it
+  always does, then moves online requests first and offline requests into the policy's order.
+- A REPLACE hook on ``Scheduler.get_prefill_adder_class`` returns a `PrefillAdder` subclass that
+  stops at the first offline request the policy did not propose: the queue is ordered so that
+  every request behind it is unproposed offline work too.
+- An AFTER hook on ``Scheduler.process_batch_result`` reports progress and completions.
+
+The pool lives in the scheduler process and is created on first use, from the environment that
+`sgl-blend serve` passes down (``SGLBLEND_OFFLINE_POLICY``, ``SGLBLEND_HARDWARE``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from sgl_blend.sglang_plugin.offline_pool import OfflinePool
+
+POLICY_ENV = "SGLBLEND_OFFLINE_POLICY"
+HARDWARE_ENV = "SGLBLEND_HARDWARE"
+DEFAULT_POLICY = "blendserve"
+DEFAULT_HARDWARE = "a100-80g"
+OFF = "off"
+
+_pool: OfflinePool | None = None
+
+
+def active_pool() -> OfflinePool | None:
+    return _pool
+
+
+def _free_kv_tokens(tree_cache: Any) -> int:
+    return int(tree_cache.token_to_kv_pool_allocator.available_size() + tree_cache.evictable_size())
+
+
+def _create_pool(tree_cache: Any) -> OfflinePool | None:
+    name = os.environ.get(POLICY_ENV, DEFAULT_POLICY)
+    if name == OFF:
+        return None
+    from sglang.srt.runtime_context import get_server_args
+
+    from sgl_blend.core.cost_model import HardwareSpec, ModelSpec
+    from sgl_blend.core.policies import make_policy
+
+    server_args = get_server_args()
+    model = ModelSpec.from_hf_dir(server_args.model_path)
+    hardware = HardwareSpec.resolve(os.environ.get(HARDWARE_ENV, DEFAULT_HARDWARE))
+    capacity = int(tree_cache.token_to_kv_pool_allocator.size)
+    return OfflinePool(make_policy(name, model, hardware), name, capacity)
+
+
+def _calc_priority(original: Callable, policy: Any, waiting_queue: list, *args: Any, **kwargs: Any) -> Any:
+    global _pool
+    result = original(policy, waiting_queue, *args, **kwargs)
+    if _pool is None:
+        if os.environ.get(POLICY_ENV, DEFAULT_POLICY) == OFF:
+            return result
+        _pool = _create_pool(policy.tree_cache)
+    _pool.order_waiting_queue(waiting_queue, _free_kv_tokens(policy.tree_cache))
+    return result
+
+
+def _after_batch_result(result: Any, _scheduler: Any, batch: Any, *_args: Any, **_kwargs: Any) -> Any:
+    if _pool is not None and batch is not None:
+        _pool.on_batch_result(batch.reqs)
+    return result
+
+
+def _blend_prefill_adder_class() -> type:
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+    class BlendPrefillAdder(PrefillAdder):
+        """SGLang's adder, admitting offline work only in the order the policy proposed."""
+
+        def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Any) -> Any:
+            if _pool is not None and not _pool.may_admit(req):
+                return AddReqResult.OTHER
+            result = super().add_one_req(req, has_chunked_req, truncation_align_size)
+            if _pool is not None and self.can_run_list and self.can_run_list[-1] is req:
+                _pool.on_admitted(req)
+            return result
+
+    return BlendPrefillAdder
+
+
+def register_scheduler_hooks() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    adder_class: list[type] = []
+
+    def prefill_adder_class(_scheduler: Any) -> type:
+        if not adder_class:
+            adder_class.append(_blend_prefill_adder_class())
+        return adder_class[0]
+
+    HookRegistry.register(
+        "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority", _calc_priority, HookType.AROUND
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.get_prefill_adder_class", prefill_adder_class, HookType.REPLACE
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.process_batch_result", _after_batch_result, HookType.AFTER
+    )
