@@ -5,9 +5,8 @@ PyPI's torchvision is CUDA-linked, so its C ops never load and ``torchvision._me
 fails on the missing ``torchvision::nms``/``qnms`` schemas; and there is no CPU build of
 ``sgl_kernel``, which a few SGLang modules import at load time. A meta-path finder fixes both
 lazily, at the moment those modules are imported: it declares the two op schemas (no kernels), and
-serves a stub ``sgl_kernel`` whose functions raise if they are ever called. The stub has no
-submodules, so ``sgl_kernel.<sub>`` imports still fail with ImportError, which is what SGLang's
-own fallbacks for a missing kernel package expect.
+serves a stub ``sgl_kernel`` (submodules included) whose names can be imported and read but
+raise if they are ever called.
 
 `install` is cheap (it imports nothing) because it runs at every interpreter start-up, from the
 ``.pth`` file the setup script drops into the virtual environment: SGLang spawns its scheduler and
@@ -51,23 +50,33 @@ class KernelUnavailableError(RuntimeError):
     """Raised when code calls into the stub ``sgl_kernel``: that path needs the real CUDA kernels."""
 
 
-def _unavailable(qualname: str):
-    def call(*_args: Any, **_kwargs: Any) -> Any:
+class _Unavailable:
+    """A name inside the stub: attribute access works (module-level constants such as
+    ``scalar_types.uint4b8`` are read at import time), calling it raises."""
+
+    def __init__(self, qualname: str) -> None:
+        self._qualname = qualname
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Unavailable(f"{self._qualname}.{name}")
+
+    def __call__(self, *_args: Any, **_kwargs: Any) -> Any:
         raise KernelUnavailableError(
-            f"{qualname} was called, but only sgl-blend's CPU stub of sgl_kernel is installed; "
+            f"{self._qualname} was called, but only sgl-blend's stub of sgl_kernel is installed; "
             "this code path needs the CUDA sgl_kernel package"
         )
 
-    call.__name__ = qualname.rsplit(".", 1)[-1]
-    call.__qualname__ = qualname
-    return call
+    def __repr__(self) -> str:
+        return f"<sgl-blend stub {self._qualname}>"
 
 
 class _KernelStubModule(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        return _unavailable(f"{self.__name__}.{name}")
+        return _Unavailable(f"{self.__name__}.{name}")
 
 
 class _KernelStubLoader(importlib.abc.Loader):
@@ -108,7 +117,11 @@ class CpuCompatFinder(importlib.abc.MetaPathFinder):
             if not cuda_present():
                 _declare_torchvision_schemas()
             return None
-        if fullname == _KERNEL_PACKAGE and _wants_kernel_stub():
+        if fullname == _KERNEL_PACKAGE:
+            wanted = _wants_kernel_stub()
+        else:
+            wanted = fullname.startswith(_KERNEL_PACKAGE + ".") and _is_stub(sys.modules.get(_KERNEL_PACKAGE))
+        if wanted:
             return importlib.util.spec_from_loader(fullname, _KernelStubLoader(), is_package=True)
         return None
 

@@ -1,0 +1,179 @@
+"""BlendServe's cost model (paper §4.1): how much compute and memory traffic a request costs.
+
+A request with prompt length p and output length d costs
+``Comp = 2 (p + d) P + 4 p^2 H L`` FLOPs (the quadratic attention term is kept; the paper drops
+it) and ``Mem = (p d + d^2 / 2) H_kv L 2 b`` bytes of KV reads during decoding. Dividing by the
+device's FLOP/s and bandwidth gives times, and their ratio is the request's compute density:
+above 1 a request is compute-bound, below 1 memory-bound. Only ratios matter to the scheduler,
+so the hardware spec needs no more than peak FLOP/s, bandwidth and KV memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+GIB = 1024**3
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a decoder-only transformer, as far as cost goes."""
+
+    name: str
+    params: float
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for one token across all layers."""
+        return 2 * self.layers * self.kv_dim * self.dtype_bytes
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], name: str = "model") -> ModelSpec:
+        """Llama, Qwen2 and Mistral configs (and any config with the same field names)."""
+        hidden = int(config["hidden_size"])
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        ffn = int(config.get("intermediate_size") or 4 * hidden)
+        vocab = int(config.get("vocab_size") or 32000)
+        attention = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+        gated = 3 if config.get("hidden_act", "silu") in ("silu", "swiglu", "gelu_pytorch_tanh") else 2
+        embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings") else 2)
+        params = layers * (attention + gated * hidden * ffn) + embeddings
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+        return cls(name, float(params), layers, hidden, kv_heads, head_dim, _DTYPE_BYTES.get(dtype, 2))
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path) -> ModelSpec:
+        path = Path(path)
+        return cls.from_hf_config(json.loads((path / "config.json").read_text()), name=path.name)
+
+
+BUILTIN_MODELS: dict[str, ModelSpec] = {
+    "llama-3.1-8b": ModelSpec("llama-3.1-8b", 8.03e9, 32, 4096, 8, 128),
+    "llama-3.1-70b": ModelSpec("llama-3.1-70b", 70.6e9, 80, 8192, 8, 128),
+    "qwen2-7b": ModelSpec("qwen2-7b", 7.6e9, 28, 3584, 4, 128),
+}
+
+
+def model_spec(name_or_path: str) -> ModelSpec:
+    """A built-in model by name, or the spec read from an HF model directory."""
+    if name_or_path in BUILTIN_MODELS:
+        return BUILTIN_MODELS[name_or_path]
+    return ModelSpec.from_hf_dir(name_or_path)
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """Achievable throughput of one device (or of a TP group once `scaled`)."""
+
+    name: str
+    flops: float
+    bandwidth: float
+    kv_memory_bytes: float
+
+    def scaled(self, tp: int) -> HardwareSpec:
+        """A TP group of ``tp`` devices: compute, bandwidth and KV memory all scale with it."""
+        if tp == 1:
+            return self
+        return replace(self, name=f"{self.name}x{tp}", flops=self.flops * tp, bandwidth=self.bandwidth * tp,
+                       kv_memory_bytes=self.kv_memory_bytes * tp)
+
+    def to_json(self, path: Path, extra: Mapping[str, Any] | None = None) -> None:
+        path.write_text(json.dumps({**asdict(self), **(extra or {})}, indent=2) + "\n")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> HardwareSpec:
+        data = json.loads(Path(path).read_text())
+        return cls(data["name"], float(data["flops"]), float(data["bandwidth"]), float(data["kv_memory_bytes"]))
+
+    @classmethod
+    def resolve(cls, name_or_path: str) -> HardwareSpec:
+        """A built-in device (optionally ``NAMExTP``, e.g. ``a100-80gx8``) or a profile JSON."""
+        base, tp = re.fullmatch(r"(.+?)(?:x(\d+))?", name_or_path).groups()
+        if base in BUILTIN_HARDWARE:
+            return BUILTIN_HARDWARE[base].scaled(int(tp) if tp else 1)
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ValueError(f"unknown hardware {name_or_path!r}: not one of {', '.join(BUILTIN_HARDWARE)} nor a file")
+        return cls.from_json(path)
+
+
+BUILTIN_HARDWARE: dict[str, HardwareSpec] = {
+    # Dense bf16 peak and HBM bandwidth from the vendor sheets; KV memory is what is left of
+    # 80/141 GB after Llama-3.1-8B's 16 GB of weights and activations, as the paper runs it.
+    "a100-80g": HardwareSpec("a100-80g", 312e12, 2.039e12, 60 * GIB),
+    "h100-sxm": HardwareSpec("h100-sxm", 989e12, 3.35e12, 60 * GIB),
+    "h200": HardwareSpec("h200", 989e12, 4.8e12, 120 * GIB),
+}
+
+
+class CostModel:
+    """Per-request compute and memory time for one model on one device."""
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec) -> None:
+        self.model = model
+        self.hardware = hardware
+        self._flops_per_token = 2.0 * model.params
+        self._attn_coeff = 4.0 * model.hidden * model.layers
+        self._kv_bytes = model.kv_dim * model.layers * 2 * model.dtype_bytes
+
+    def comp_time(self, prompt: int, output: int) -> float:
+        return ((prompt + output) * self._flops_per_token + self._attn_coeff * prompt * prompt) / self.hardware.flops
+
+    def prefill_time_per_token(self) -> float:
+        """Compute time of one prompt token without its attention term: what sharing saves."""
+        return self._flops_per_token / self.hardware.flops
+
+    def mem_time(self, prompt: int, output: int) -> float:
+        return (prompt * output + output * output / 2.0) * self._kv_bytes / self.hardware.bandwidth
+
+    def density(self, prompt: int, output: int) -> float:
+        mem = self.mem_time(prompt, output)
+        return self.comp_time(prompt, output) / mem if mem > 0 else float("inf")
+
+    def kv_capacity_tokens(self) -> int:
+        return int(self.hardware.kv_memory_bytes // self.model.kv_bytes_per_token)
+
+    def kv_footprint(self, prompt: int, output: int) -> float:
+        """Average KV tokens a request holds over its life: the paper's ``p + d/2``."""
+        return prompt + output / 2.0
+
+
+def optimal_time(t_comp: float, t_mem: float, sharing: float) -> float:
+    """``T_o = max((1 - s) T_comp, T_mem)``: perfect overlap at sharing ratio s."""
+    return max((1.0 - sharing) * t_comp, t_mem)
+
+
+def subset_density(t_comp: float, t_mem: float, sharing: float) -> float:
+    """``rho(R) = (1 - s) T_comp / T_mem`` for a request set with sharing ratio s."""
+    return (1.0 - sharing) * t_comp / t_mem if t_mem > 0 else float("inf")
+
+
+def memory_partition(total: float, rho_root: float, rho_left: float, rho_right: float) -> tuple[float, float]:
+    """Split memory so the blended density of both sides equals the root's (Alg. 3, step 1).
+
+    ``M_L rho_L + M_R rho_R = M rho_root`` with ``M_L + M_R = M``. The degenerate cases: equal
+    side densities give an even split; a root density outside [rho_R, rho_L] gives everything to
+    the nearer side.
+    """
+    if rho_left - rho_right <= 1e-12 * max(abs(rho_left), 1.0):
+        return total / 2.0, total / 2.0
+    fraction = (rho_root - rho_right) / (rho_left - rho_right)
+    fraction = min(1.0, max(0.0, fraction))
+    return total * fraction, total * (1.0 - fraction)

@@ -1,0 +1,76 @@
+"""Output-length estimation by sampling (paper §4.3).
+
+A request that fixes its output length (``ignore_eos`` with ``max_new_tokens``) is exact. Of the
+others, a seeded fraction p is sampled: those run first, and their observed lengths stand in for
+their neighbours in the prefix tree -- requests that share a prefix tend to share an output
+shape (the same few-shot template asks for the same kind of answer). An unsampled request takes
+the mean of the sampled requests in its own subtree, else in its parent's (its siblings), and so
+on up to the root; with no sample anywhere it takes a fallback.
+"""
+
+from __future__ import annotations
+
+import random
+
+from sgl_blend.core.prefix_tree import PrefixTree
+
+DEFAULT_SAMPLE_RATE = 0.01
+DEFAULT_FALLBACK = 128
+
+
+class OutputLengthEstimator:
+    def __init__(self, tree: PrefixTree, sample_rate: float = DEFAULT_SAMPLE_RATE, seed: int = 0,
+                 fallback: int = DEFAULT_FALLBACK) -> None:
+        self.tree = tree
+        self.sample_rate = sample_rate
+        self.fallback = fallback
+        self._rng = random.Random(seed)
+        self._limit: dict[int, int] = {}
+        self._exact: set[int] = set()
+        self._observed: dict[int, int] = {}
+        self.sampled: set[int] = set()
+
+    def register(self, request: int, max_new_tokens: int, exact: bool) -> bool:
+        """Record a request's bound; returns whether it was chosen as a sample."""
+        self._limit[request] = max_new_tokens
+        if exact:
+            self._exact.add(request)
+            return False
+        if self._rng.random() < self.sample_rate:
+            self.sampled.add(request)
+            return True
+        return False
+
+    def forget(self, request: int) -> None:
+        """Drop a request's bookkeeping; its sample, if observed, stays in the tree's aggregates
+        only while the request stays in the tree."""
+        self._limit.pop(request, None)
+        self._exact.discard(request)
+        self.sampled.discard(request)
+        self._observed.pop(request, None)
+
+    def observe(self, request: int, output_len: int) -> None:
+        """Feed back a finished request's real length; a sample's updates its subtree means."""
+        if request in self._observed or request not in self._limit:
+            return
+        self._observed[request] = output_len
+        if request in self.sampled and request in self.tree.node_of:
+            for node in self.tree.path(self.tree.node_of[request]):
+                node.sample_count += 1
+                node.sample_sum += output_len
+
+    def pending_samples(self) -> int:
+        return sum(1 for request in self.sampled if request not in self._observed)
+
+    def estimate(self, request: int) -> int:
+        limit = self._limit[request]
+        if request in self._exact:
+            return limit
+        if request in self._observed:
+            return self._observed[request]
+        node = self.tree.node_of.get(request)
+        while node is not None:
+            if node.sample_count:
+                return max(1, min(limit, round(node.sample_sum / node.sample_count)))
+            node = node.parent
+        return max(1, min(limit, self.fallback))

@@ -1,0 +1,257 @@
+"""Offline admission policies behind the one engine boundary, `AdmissionPolicy`.
+
+All policies share the bookkeeping -- the prefix tree, output-length estimates, re-planning when
+the pending set has changed materially, and a `DualScanner` that enforces memory shares -- and
+differ only in how they order the pending requests:
+
+- ``blendserve``: sample output lengths, layer-wise sort, split, merge, scan from both ends;
+- ``dfs``: the tree's DFS order (maximal prefix sharing), one cursor;
+- ``fcfs``: arrival order, one cursor;
+- ``random``: a seeded shuffle, one cursor (the "balance" baseline).
+
+A single-cursor policy is a dual scan whose memory side is empty, which the scanner handles as
+its one-side-empty case by giving the compute side all of the memory.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from typing import Callable, Iterable
+
+from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
+from sgl_blend.core.dual_scan import COMPUTE, DualScanner
+from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
+from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, Planner
+from sgl_blend.core.prefix_tree import PrefixTree
+from sgl_blend.core.protocol import OfflineRequest
+
+REPLAN_FRACTION = 0.05
+SAMPLE_SIDE = "sample"
+
+
+class PlannedPolicy(ABC):
+    """The shared machinery; subclasses provide `_order`."""
+
+    name = "planned"
+    sample_rate = 0.0
+
+    def __init__(self, cost_model: CostModel, *, seed: int = 0, replan_fraction: float = REPLAN_FRACTION) -> None:
+        self.cost_model = cost_model
+        self.seed = seed
+        self.replan_fraction = replan_fraction
+        self.tree = PrefixTree()
+        self.estimator = OutputLengthEstimator(self.tree, self.sample_rate, seed)
+        self.capacity = float(cost_model.kv_capacity_tokens())
+        self._requests: dict[int, OfflineRequest] = {}
+        self._index: dict[str, int] = {}
+        self._arrival: list[int] = []
+        self._pending: set[int] = set()
+        self._running: set[int] = set()
+        self._unplanned: set[int] = set()
+        self._samples: list[int] = []
+        self._sample_side: dict[int, float] = {}
+        self._estimates_stale = False
+        self._proposed: dict[int, str] = {}
+        self.scanner: DualScanner | None = None
+        self.last_plan: Plan | None = None
+        self.plans = 0
+
+    def set_kv_capacity(self, kv_tokens: int) -> None:
+        self.capacity = float(kv_tokens)
+        if self.scanner is not None:
+            self.scanner.capacity = self.capacity
+
+    def submit(self, requests: Iterable[OfflineRequest]) -> None:
+        for request in requests:
+            if request.rid in self._index:
+                continue
+            index = len(self._requests)
+            self._requests[index] = request
+            self._index[request.rid] = index
+            self._arrival.append(index)
+            sampled = self.estimator.register(index, request.max_new_tokens, request.exact_output_len)
+            output = self.estimator.estimate(index)
+            prompt = len(request.prompt_ids)
+            self.tree.insert(index, request.prompt_ids, self.cost_model.comp_time(prompt, output),
+                             self.cost_model.mem_time(prompt, output))
+            self._pending.add(index)
+            if sampled:
+                self._samples.append(index)
+            else:
+                self._unplanned.add(index)
+
+    def footprint(self, index: int) -> float:
+        return self.cost_model.kv_footprint(self.tree.prompt_len[index], self.estimator.estimate(index))
+
+    def _needs_plan(self) -> bool:
+        if self._estimates_stale and not self.estimator.pending_samples():
+            return True
+        if not self._unplanned:
+            return False
+        planned_pending = self.scanner.pending() if self.scanner else 0
+        return planned_pending == 0 or len(self._unplanned) >= self.replan_fraction * planned_pending
+
+    def _plan(self) -> None:
+        if self._estimates_stale and not self.estimator.pending_samples():
+            for index in self._pending:
+                output = self.estimator.estimate(index)
+                prompt = self.tree.prompt_len[index]
+                self.tree.update_cost(index, self.cost_model.comp_time(prompt, output),
+                                      self.cost_model.mem_time(prompt, output))
+            self._estimates_stale = False
+        sampling = set(self._samples)
+        plan = self._order(lambda index: index in self._pending and index not in sampling)
+        scanner = DualScanner(plan.order, plan.boundary, self.capacity, self.tree.cost, self.footprint)
+        if self.scanner is not None:
+            for index, side in self.scanner.side_of.items():
+                scanner.side_of[index] = side
+                scanner.held[index] = self.scanner.held[index]
+                scanner.used[side] += self.scanner.held[index]
+        self.scanner = scanner
+        self.last_plan = plan
+        self.plans += 1
+        self._unplanned.clear()
+
+    @abstractmethod
+    def _order(self, include: Callable[[int], bool]) -> Plan:
+        """Order the pending requests that ``include`` accepts."""
+
+    def propose(self, free_kv_tokens: int, max_requests: int) -> list[OfflineRequest]:
+        free = float(free_kv_tokens)
+        chosen: list[tuple[int, str]] = []
+        for index in self._samples:
+            if len(chosen) >= max_requests or self.footprint(index) > free:
+                break
+            if index in self._pending:
+                chosen.append((index, SAMPLE_SIDE))
+                free -= self.footprint(index)
+        if self._needs_plan():
+            self._plan()
+        if self.scanner is not None and len(chosen) < max_requests:
+            chosen += self.scanner.propose(free, max_requests - len(chosen))
+        self._proposed = dict(chosen)
+        return [self._requests[index] for index, _side in chosen]
+
+    def admitted(self, rids: Iterable[str]) -> None:
+        for rid in rids:
+            index = self._index[rid]
+            side = self._proposed.pop(index, COMPUTE)
+            self._pending.discard(index)
+            self._running.add(index)
+            if side == SAMPLE_SIDE:
+                self._samples.remove(index)
+                self._sample_side[index] = self.footprint(index)
+                self._estimates_stale = True
+            elif self.scanner is not None:
+                self.scanner.admit(index, side)
+
+    def progress(self, rid: str, decoded_tokens: int) -> None:
+        index = self._index.get(rid)
+        if index is None or self.scanner is None or self.scanner.side_of.get(index) != COMPUTE:
+            return
+        if decoded_tokens > self.estimator.estimate(index):
+            self.scanner.move_to_memory_side(index, self.tree.prompt_len[index] + decoded_tokens)
+
+    def preempted(self, rid: str) -> None:
+        index = self._index[rid]
+        self._running.discard(index)
+        self._pending.add(index)
+        if self._sample_side.pop(index, None) is not None:
+            self._samples.insert(0, index)
+        elif self.scanner is not None:
+            self.scanner.requeue(index)
+
+    def finished(self, rid: str, output_len: int) -> None:
+        index = self._index.pop(rid, None)
+        if index is None:
+            return
+        self.estimator.observe(index, output_len)
+        self._running.discard(index)
+        self._sample_side.pop(index, None)
+        if self.scanner is not None:
+            self.scanner.release(index)
+        self._forget(index)
+
+    def withdraw(self, rid: str) -> None:
+        index = self._index.pop(rid, None)
+        if index is None:
+            return
+        self._pending.discard(index)
+        self._running.discard(index)
+        self._unplanned.discard(index)
+        if index in self._samples:
+            self._samples.remove(index)
+        if self.scanner is not None:
+            self.scanner.withdraw(index)
+        self._forget(index)
+
+    def _forget(self, index: int) -> None:
+        self.tree.remove(index)
+        self.estimator.forget(index)
+        del self._requests[index]
+
+    def admission_side(self, rid: str) -> str | None:
+        return None
+
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+
+class BlendServePolicy(PlannedPolicy):
+    name = "blendserve"
+
+    def __init__(self, cost_model: CostModel, *, sample_rate: float = DEFAULT_SAMPLE_RATE,
+                 split_threshold: float = DEFAULT_SPLIT_THRESHOLD, **kwargs) -> None:
+        self.sample_rate = sample_rate
+        self.split_threshold = split_threshold
+        super().__init__(cost_model, **kwargs)
+
+    def _order(self, include: Callable[[int], bool]) -> Plan:
+        return Planner(self.tree, include, self.split_threshold).plan()
+
+    def admission_side(self, rid: str) -> str | None:
+        index = self._index.get(rid)
+        if index is None:
+            return None
+        if index in self._sample_side:
+            return SAMPLE_SIDE
+        return self.scanner.side_of.get(index) if self.scanner else None
+
+
+class DFSPolicy(PlannedPolicy):
+    name = "dfs"
+
+    def _order(self, include: Callable[[int], bool]) -> Plan:
+        order = [index for index in self.tree.dfs_order() if include(index)]
+        return Plan(order, len(order), 0.0, 0, 1.0)
+
+
+class FCFSPolicy(PlannedPolicy):
+    name = "fcfs"
+
+    def _order(self, include: Callable[[int], bool]) -> Plan:
+        self._arrival = [index for index in self._arrival if index in self._requests]
+        order = [index for index in self._arrival if include(index)]
+        return Plan(order, len(order), 0.0, 0, 1.0)
+
+
+class RandomPolicy(PlannedPolicy):
+    name = "random"
+
+    def _order(self, include: Callable[[int], bool]) -> Plan:
+        order = sorted(index for index in self._requests if include(index))
+        random.Random(self.seed + self.plans).shuffle(order)
+        return Plan(order, len(order), 0.0, 0, 1.0)
+
+
+POLICIES: dict[str, type[PlannedPolicy]] = {
+    policy.name: policy for policy in (BlendServePolicy, DFSPolicy, FCFSPolicy, RandomPolicy)
+}
+
+
+def make_policy(name: str, model: ModelSpec, hardware: HardwareSpec, **options) -> PlannedPolicy:
+    """The named policy over a cost model for ``model`` on ``hardware``."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown offline policy {name!r}; known: {', '.join(POLICIES)}")
+    return POLICIES[name](CostModel(model, hardware), **options)
