@@ -3,8 +3,8 @@
 A plan's order runs from compute-heavy to memory-heavy. One cursor walks the compute side from
 the left, the other the memory side from the right (both in DFS order, so each keeps prefix
 sharing), and KV memory is partitioned so that the two sides together hold work at the root's
-density: ``M_L rho_L + M_R rho_R = M rho_root``. Densities are recomputed from what is still
-pending, so the partition follows the workload as it drains. A side whose share is full waits
+density: ``M_L rho_L + M_R rho_R = M rho_root``, with the densities of the plan (a re-plan
+refreshes them as the pending set changes). A side whose share is full waits
 for its own requests to finish; a request that outgrows its estimate on the compute side is
 moved to the memory side's account.
 """
@@ -50,13 +50,13 @@ class DualScanner:
             side[0] += comp
             side[1] += mem
         self._region = {request: (COMPUTE if index < boundary else MEMORY) for index, request in enumerate(order)}
+        self._planned = {side: tuple(totals) for side, totals in self._remaining.items()}
 
     def budgets(self) -> dict[str, float]:
-        """``M_L`` and ``M_R`` for the work still pending (Alg. 3, step 1), degenerate cases included."""
-        left_comp, left_mem = self._remaining[COMPUTE]
-        right_comp, right_mem = self._remaining[MEMORY]
-        if left_mem <= 0 and right_mem <= 0:
-            return {COMPUTE: self.capacity / 2, MEMORY: self.capacity / 2}
+        """``M_L`` and ``M_R`` from the planned densities of root and sides (Alg. 3, step 1),
+        with the degenerate cases: a side with nothing left pending cedes all memory."""
+        left_comp, left_mem = self._planned[COMPUTE]
+        right_comp, right_mem = self._planned[MEMORY]
         if not self._has_pending(COMPUTE):
             return {COMPUTE: 0.0, MEMORY: self.capacity}
         if not self._has_pending(MEMORY):
@@ -135,7 +135,9 @@ class DualScanner:
         self._take(request)
 
     def _take(self, request: int) -> None:
-        if request in self._done:
+        """Mark a request of this plan's order as no longer pending (requests admitted under an
+        earlier plan and requeued here are not in the order and need no bookkeeping)."""
+        if request in self._done or request not in self._region:
             return
         self._done.add(request)
         self._taken += 1
@@ -153,7 +155,7 @@ class DualScanner:
 
     def requeue(self, request: int) -> None:
         """A running request was preempted: free its share and offer it again first."""
-        side = self.side_of.get(request, self._region[request])
+        side = self.side_of.get(request, self._region.get(request, MEMORY))
         self.release(request)
         self._retry[side].append(request)
 
@@ -162,8 +164,7 @@ class DualScanner:
             if request in queue:
                 queue.remove(request)
         self.release(request)
-        if request in self._region:
-            self._take(request)
+        self._take(request)
 
     def move_to_memory_side(self, request: int, new_footprint: float) -> None:
         """Runtime adaptation: an under-estimated request now holds more KV than planned and

@@ -34,16 +34,19 @@ class PlannedPolicy(ABC):
     """The shared machinery; subclasses provide `_order`."""
 
     name = "planned"
-    sample_rate = 0.0
+    default_sample_rate = 0.0
 
-    def __init__(self, cost_model: CostModel, *, seed: int = 0, replan_fraction: float = REPLAN_FRACTION) -> None:
+    def __init__(self, cost_model: CostModel, *, seed: int = 0, replan_fraction: float = REPLAN_FRACTION,
+                 sample_rate: float | None = None) -> None:
         self.cost_model = cost_model
+        self.sample_rate = self.default_sample_rate if sample_rate is None else sample_rate
         self.seed = seed
         self.replan_fraction = replan_fraction
         self.tree = PrefixTree()
         self.estimator = OutputLengthEstimator(self.tree, self.sample_rate, seed)
         self.capacity = float(cost_model.kv_capacity_tokens())
         self._requests: dict[int, OfflineRequest] = {}
+        self._next_index = 0
         self._index: dict[str, int] = {}
         self._arrival: list[int] = []
         self._pending: set[int] = set()
@@ -66,7 +69,8 @@ class PlannedPolicy(ABC):
         for request in requests:
             if request.rid in self._index:
                 continue
-            index = len(self._requests)
+            index = self._next_index
+            self._next_index += 1
             self._requests[index] = request
             self._index[request.rid] = index
             self._arrival.append(index)
@@ -200,10 +204,9 @@ class PlannedPolicy(ABC):
 
 class BlendServePolicy(PlannedPolicy):
     name = "blendserve"
+    default_sample_rate = DEFAULT_SAMPLE_RATE
 
-    def __init__(self, cost_model: CostModel, *, sample_rate: float = DEFAULT_SAMPLE_RATE,
-                 split_threshold: float = DEFAULT_SPLIT_THRESHOLD, **kwargs) -> None:
-        self.sample_rate = sample_rate
+    def __init__(self, cost_model: CostModel, *, split_threshold: float = DEFAULT_SPLIT_THRESHOLD, **kwargs) -> None:
         self.split_threshold = split_threshold
         super().__init__(cost_model, **kwargs)
 

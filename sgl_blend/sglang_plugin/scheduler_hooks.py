@@ -13,6 +13,7 @@ The pool lives in the scheduler process and is created on first use, from the en
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable
 
@@ -24,11 +25,31 @@ DEFAULT_POLICY = "blendserve"
 DEFAULT_HARDWARE = "a100-80g"
 OFF = "off"
 
+logger = logging.getLogger(__name__)
 _pool: OfflinePool | None = None
+_failed = False
 
 
 def active_pool() -> OfflinePool | None:
     return _pool
+
+
+def _guarded(step: Callable[..., Any]) -> Callable[..., Any]:
+    """A plugin error must never take the scheduler down: log it once, drop the pool, and let
+    SGLang schedule everything (offline requests included) its own way from then on."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        global _pool, _failed
+        if _pool is None:
+            return None
+        try:
+            return step(*args, **kwargs)
+        except Exception:
+            logger.exception("sgl-blend offline pool failed; falling back to SGLang's own scheduling")
+            _pool, _failed = None, True
+            return None
+
+    return run
 
 
 def _free_kv_tokens(tree_cache: Any) -> int:
@@ -52,19 +73,41 @@ def _create_pool(tree_cache: Any) -> OfflinePool | None:
 
 
 def _calc_priority(original: Callable, policy: Any, waiting_queue: list, *args: Any, **kwargs: Any) -> Any:
-    global _pool
+    global _pool, _failed
     result = original(policy, waiting_queue, *args, **kwargs)
-    if _pool is None:
-        if os.environ.get(POLICY_ENV, DEFAULT_POLICY) == OFF:
-            return result
-        _pool = _create_pool(policy.tree_cache)
-    _pool.order_waiting_queue(waiting_queue, _free_kv_tokens(policy.tree_cache))
+    if _pool is None and not _failed and os.environ.get(POLICY_ENV, DEFAULT_POLICY) != OFF:
+        try:
+            _pool = _create_pool(policy.tree_cache)
+        except Exception:
+            logger.exception("sgl-blend could not create its offline pool; SGLang schedules on its own")
+            _failed = True
+    _order(waiting_queue, policy.tree_cache)
     return result
 
 
+@_guarded
+def _order(waiting_queue: list, tree_cache: Any) -> None:
+    _pool.order_waiting_queue(waiting_queue, _free_kv_tokens(tree_cache))
+
+
+@_guarded
+def _report_batch(reqs: list) -> None:
+    _pool.on_batch_result(reqs)
+
+
+@_guarded
+def _may_admit(req: Any) -> bool:
+    return _pool.may_admit(req)
+
+
+@_guarded
+def _admitted(req: Any) -> None:
+    _pool.on_admitted(req)
+
+
 def _after_batch_result(result: Any, _scheduler: Any, batch: Any, *_args: Any, **_kwargs: Any) -> Any:
-    if _pool is not None and batch is not None:
-        _pool.on_batch_result(batch.reqs)
+    if batch is not None:
+        _report_batch(batch.reqs)
     return result
 
 
@@ -75,11 +118,11 @@ def _blend_prefill_adder_class() -> type:
         """SGLang's adder, admitting offline work only in the order the policy proposed."""
 
         def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Any) -> Any:
-            if _pool is not None and not _pool.may_admit(req):
+            if _may_admit(req) is False:
                 return AddReqResult.OTHER
             result = super().add_one_req(req, has_chunked_req, truncation_align_size)
-            if _pool is not None and self.can_run_list and self.can_run_list[-1] is req:
-                _pool.on_admitted(req)
+            if self.can_run_list and self.can_run_list[-1] is req:
+                _admitted(req)
             return result
 
     return BlendPrefillAdder

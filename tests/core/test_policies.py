@@ -1,0 +1,86 @@
+"""Every policy, driven through the engine protocol, admits each request exactly once."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sgl_blend.core.cost_model import BUILTIN_MODELS, HardwareSpec
+from sgl_blend.core.policies import POLICIES, make_policy
+from sgl_blend.core.protocol import OfflineRequest
+
+
+def workload(n: int = 400, seed: int = 0) -> list[OfflineRequest]:
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(5000) for _ in range(300)] for _ in range(6)]
+    requests = []
+    for index in range(n):
+        group = index % 6
+        prompt = prefixes[group][: rng.randrange(50, 300)] + [rng.randrange(5000) for _ in range(20)]
+        requests.append(OfflineRequest(f"r{index}", prompt, rng.choice([1, 4, 200, 800]), exact_output_len=index % 3 == 0))
+    rng.shuffle(requests)
+    return requests
+
+
+def drive(name: str, requests: list[OfflineRequest], capacity: int = 20000) -> list[str]:
+    """A tiny engine: admits proposals that fit, decodes one token per step, preempts now and then."""
+    policy = make_policy(name, BUILTIN_MODELS["llama-3.1-8b"], HardwareSpec.resolve("a100-80g"), sample_rate=0.05)
+    policy.set_kv_capacity(capacity)
+    rng = random.Random(1)
+    half = len(requests) // 2
+    policy.submit(requests[:half])
+    running: dict[str, list[int]] = {}
+    decoded: dict[str, int] = {}
+    admitted_order: list[str] = []
+    finished: set[str] = set()
+    lengths = {request.rid: (len(request.prompt_ids), rng.randrange(1, request.max_new_tokens + 1)) for request in requests}
+    step = 0
+    while len(finished) < len(requests):
+        step += 1
+        if step == 3:
+            policy.submit(requests[half:])
+        used = sum(lengths[rid][0] + done[0] for rid, done in running.items())
+        proposal = policy.propose(max(capacity - used, 0), 32)
+        taken = [request.rid for request in proposal]
+        policy.admitted(taken)
+        for rid in taken:
+            assert rid not in running and rid not in finished
+            running[rid] = [decoded.get(rid, 0)]
+            admitted_order.append(rid)
+        for rid in list(running):
+            running[rid][0] += 1
+            policy.progress(rid, running[rid][0])
+            if running[rid][0] >= lengths[rid][1]:
+                policy.finished(rid, running[rid][0])
+                finished.add(rid)
+                del running[rid]
+        if running and step % 17 == 0:
+            victim = rng.choice(sorted(running))
+            decoded[victim] = running.pop(victim)[0]
+            policy.preempted(victim)
+        assert step < 100000
+    assert policy.pending_count() == 0
+    return admitted_order
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_each_request_completes_exactly_once(name: str) -> None:
+    requests = workload()
+    order = drive(name, requests)
+    assert set(order) == {request.rid for request in requests}
+    assert len(order) > len(requests), "preempted requests are admitted again"
+
+
+def test_withdrawn_requests_are_never_proposed() -> None:
+    policy = make_policy("blendserve", BUILTIN_MODELS["llama-3.1-8b"], HardwareSpec.resolve("a100-80g"))
+    requests = workload(50)
+    policy.submit(requests)
+    policy.withdraw(requests[0].rid)
+    proposed = {request.rid for request in policy.propose(10**9, 100)}
+    assert requests[0].rid not in proposed and len(proposed) == 49
+
+
+def test_unknown_policy_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown offline policy"):
+        make_policy("lifo", BUILTIN_MODELS["llama-3.1-8b"], HardwareSpec.resolve("a100-80g"))
