@@ -86,7 +86,10 @@ class PlannedPolicy(ABC):
                 self._unplanned.add(index)
 
     def footprint(self, index: int) -> float:
-        return self.cost_model.kv_footprint(self.tree.prompt_len[index], self.estimator.estimate(index))
+        """KV tokens a request adds: its output and the part of its prompt no other request shares.
+        A shared prefix is held once by the radix cache whoever uses it, so charging it to every
+        request would admit a fraction of what fits exactly when sharing is high."""
+        return self.cost_model.kv_footprint(self.tree.unshared_tokens(index), self.estimator.estimate(index))
 
     def _needs_plan(self) -> bool:
         if self._estimates_stale and not self.estimator.pending_samples():

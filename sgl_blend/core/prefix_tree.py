@@ -5,9 +5,10 @@ keeps exact aggregates of its subtree -- compute and memory time, request count,
 tokens saved by sharing -- updated along one root-to-node path on each insert and remove, so
 densities and sharing ratios of any subtree are O(1) reads.
 
-Memory is what limits this at 400K requests: edges do not copy tokens, they point into the
-token array of the request that created them (``source``, ``start``, ``end``), and prefix
-comparison is done on array slices, in C, with a binary search for the mismatch.
+Memory is what limits this at 400K requests: a new leaf copies only the unmatched suffix of its
+prompt into a compact ``array('i')``, splits share that array (``source``, ``start``, ``end``),
+so tokens shared by many prompts are stored once; prefix comparison runs on array slices, in C,
+with a binary search for the mismatch.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class PrefixTree:
         while position < len(ids):
             child = node.children.get(ids[position])
             if child is None:
-                leaf = Node(node, ids, position, len(ids))
+                leaf = Node(node, ids[position:], 0, len(ids) - position)
                 node.children[ids[position]] = leaf
                 node, position = leaf, len(ids)
                 path.append(leaf)
@@ -153,6 +154,11 @@ class PrefixTree:
             del parent.children[node.source[node.start]]
             node = parent
 
+    def unshared_tokens(self, request: int) -> int:
+        """Prompt tokens of this request that no other request in the tree shares."""
+        node = self.node_of[request]
+        return node.edge_len if node.count == 1 else 0
+
     def update_cost(self, request: int, comp: float, mem: float) -> None:
         """Re-cost a request in place (its output-length estimate changed)."""
         old_comp, old_mem = self._cost[request]
@@ -182,8 +188,11 @@ class PrefixTree:
             stack.extend(reversed(list(current.children.values())))
 
     def tokens(self, request: int) -> array:
-        node = self.node_of[request]
-        return node.source[: node.end] if node.source is not self.root.source else array("i")
+        """A request's prompt, reassembled from the edges on its path."""
+        tokens = array("i")
+        for node in self.path(self.node_of[request]):
+            tokens.extend(node.source[node.start:node.end])
+        return tokens
 
 
 def order_sharing_ratio(prompts: Sequence[Sequence[int]]) -> float:
