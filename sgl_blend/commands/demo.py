@@ -1,4 +1,4 @@
-"""The main job end to end: start smollm2-135m, answer a chat request, then run a demo batch."""
+"""The main job end to end: start smollm2-135m, answer a chat request, then run an offline demo batch."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         if args.batch_lines:
             from sgl_blend.demo_batch import run_demo_batch
 
-            run_demo_batch(client, args.work_dir, args.batch_lines)
+            run_demo_batch(server.base_url, server.api_key, args.work_dir, args.batch_lines)
     finally:
         server.stop()
     return 0

@@ -1,8 +1,8 @@
 """BlendServe inside the real SGLang scheduler, on tiny-llama, against SGLang's own FCFS and exact DFS.
 
-One job of ~300 few-shot lines (8 shared prefixes, output lengths 1-128 by group), shuffled, runs
-once per policy on a server whose KV pool (4096 tokens) cannot hold every prefix at once, so the
-order decides how often SGLang's radix cache hits.
+One job of 300 few-shot lines (16 shared prefixes of ~700 tokens, output lengths 1-128 by group),
+shuffled, runs once per policy on a server whose KV pool (8192 tokens) cannot hold every prefix
+at once, so the order decides how often SGLang's radix cache hits.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from sgl_blend.run_batch import JobTotals, run_on_fresh_server
 from sgl_blend.serve import ServerProcess
 from tests.conftest import free_port
 
-KV_TOKENS = "4096"
+KV_TOKENS = "8192"
+GROUPS = 16
 ONLINE_REQUESTS = 6
 
 
@@ -62,7 +63,7 @@ def run_policy(policy: str, batch_file: Path, work: Path) -> PolicyRun:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PolicyRun]:
     root = tmp_path_factory.mktemp("offline-scheduling")
-    batch_file = write_jsonl(root / "fewshot.jsonl", fewshot_lines(n=300, groups=8, seed=0))
+    batch_file = write_jsonl(root / "fewshot.jsonl", fewshot_lines(n=300, groups=GROUPS, seed=0))
     results = {}
     for policy in ("fcfs", "dfs", "blendserve"):
         (root / policy).mkdir()
@@ -71,7 +72,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PolicyRun]:
 
 
 def test_every_request_answered_once_with_fcfs_text(runs: dict[str, PolicyRun]) -> None:
-    expected = {line["custom_id"] for line in fewshot_lines(n=300, groups=8, seed=0)}
+    expected = {line["custom_id"] for line in fewshot_lines(n=300, groups=GROUPS, seed=0)}
     for policy, run in runs.items():
         assert set(run.texts) == expected, policy
         assert run.totals.failed == 0, policy
