@@ -5,7 +5,9 @@ prefixes, least recently used first), run one step of continuous batching -- eve
 request produces a token, and prefill chunks fill the rest of the token budget (mixed
 prefill+decode) -- and charge its time as ``f((1 - s) T_comp, T_mem)`` from the cost model, with
 s the share of prefill skipped by cache hits. KV that grows past capacity retracts the newest
-request (its KV is dropped, it recomputes on return). Long decode-only stretches, when nothing
+request: its KV is dropped and, as in SGLang, it keeps the tokens it generated and recomputes
+them as prompt when it returns. Admission reserves KV for the future output of everything running
+at SGLang's new-token ratio, so retraction stays the exception it is in the real engine. Long decode-only stretches, when nothing
 can be admitted, are advanced in one closed-form step up to the next finish, which is what lets
 400K requests simulate in minutes.
 """
@@ -69,6 +71,7 @@ class SimEngine:
         chunk_tokens: int = 8192,
         max_running: int = 1024,
         step_records: int = 4000,
+        new_token_ratio: float = 0.4,
     ) -> None:
         self.cost = cost_model
         self.policy = policy
@@ -77,6 +80,8 @@ class SimEngine:
         self.chunk_tokens = chunk_tokens
         self.max_running = max_running
         self.step_records = step_records
+        self.new_token_ratio = new_token_ratio
+        self._generated: dict[str, int] = {}
         self._prefixes: OrderedDict[object, list[int]] = OrderedDict()
         self._kv_used = 0
         self._flops_per_token = 2.0 * cost_model.model.params / cost_model.hardware.flops
@@ -153,16 +158,23 @@ class SimEngine:
                 del self._prefixes[key]
                 self._kv_used -= length
 
+    def _reserved(self, slot: _Running) -> float:
+        return (slot.request.output_len - slot.decoded) * self.new_token_ratio
+
     def _admit(self, running: list[_Running], by_rid: dict[str, SimRequest]) -> list[str]:
-        free = self.capacity - self._kv_used + self._evictable()
-        proposal = self.policy.propose(free, self.max_running - len(running))
+        reserve = sum(self._reserved(slot) for slot in running)
+        free = self.capacity - self._kv_used + self._evictable() - reserve
+        proposal = self.policy.propose(max(int(free), 0), self.max_running - len(running))
         taken: list[str] = []
         for offered in proposal:
             request = by_rid[offered.rid]
             resident = request.prefix_key in self._prefixes
-            need = request.prompt_len - (request.prefix_len if resident else 0) + 1
-            self._evict(need, keep=request.prefix_key)
-            if self.capacity - self._kv_used < need:
+            generated = self._generated.pop(request.rid, 0)
+            need = request.prompt_len - (request.prefix_len if resident else 0) + generated + 1
+            future = (request.output_len - generated) * self.new_token_ratio
+            self._evict(need + reserve + future, keep=request.prefix_key)
+            if self.capacity - self._kv_used < need + reserve + future and running:
+                self._generated[request.rid] = generated
                 break
             if request.prefix_key is not None:
                 if resident:
@@ -171,11 +183,13 @@ class SimEngine:
                 else:
                     self._prefixes[request.prefix_key] = [request.prefix_len, 1]
                     self._kv_used += request.prefix_len
-            slot = _Running(request, request.prompt_len, prefix_hit=request.prefix_len if resident else 0)
-            slot.prefill_left = request.prompt_len - slot.prefix_hit
-            private = request.prompt_len - (request.prefix_len if request.prefix_key is not None else 0)
+            slot = _Running(request, request.prompt_len, decoded=generated,
+                            prefix_hit=request.prefix_len if resident else 0)
+            slot.prefill_left = request.prompt_len + generated - slot.prefix_hit
+            private = request.prompt_len + generated - (request.prefix_len if request.prefix_key is not None else 0)
             slot.private_kv = private
             self._kv_used += private
+            reserve += future
             running.append(slot)
             taken.append(request.rid)
         self.policy.admitted(taken)
@@ -188,10 +202,11 @@ class SimEngine:
         for slot in prefilling:
             if budget <= 0:
                 break
-            if slot.prefill_left == slot.request.prompt_len - slot.prefix_hit:
+            total = slot.request.prompt_len + slot.decoded
+            if slot.prefill_left == total - slot.prefix_hit:
                 hits += slot.prefix_hit
             chunk = min(slot.prefill_left, budget)
-            done_before = slot.request.prompt_len - slot.prefill_left
+            done_before = total - slot.prefill_left
             comp += chunk * self._flops_per_token + self._attn * chunk * (done_before + chunk / 2)
             slot.prefill_left -= chunk
             budget -= chunk
@@ -232,6 +247,7 @@ class SimEngine:
                 break
             slot = running.pop()
             self._release(slot)
+            self._generated[slot.request.rid] = slot.decoded
             self.policy.preempted(slot.request.rid)
             retracted += 1
         return retracted
