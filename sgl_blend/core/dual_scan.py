@@ -51,6 +51,25 @@ class DualScanner:
             side[1] += mem
         self._region = {request: (COMPUTE if index < boundary else MEMORY) for index, request in enumerate(order)}
         self._planned = {side: tuple(totals) for side, totals in self._remaining.items()}
+        self._shape: dict[str, tuple[float, float]] = {}
+
+    def set_side_shapes(self, shapes: dict[str, tuple[float, float]]) -> None:
+        """Mean prompt and output length of each side's requests, for the prefill budget."""
+        self._shape = shapes
+
+    def prefill_budget(self) -> float | None:
+        """Prefill tokens per iteration (Alg. 3, steps 2-3): a side's memory share holds
+        ``N = M / (p + d/2)`` decoding requests, and replacing them as they finish takes
+        ``C = N p / d`` prefill tokens per decode step. Spreading prefill this thinly is what
+        lets every iteration overlap compute with memory instead of alternating between them."""
+        if not self._shape:
+            return None
+        budgets = self.budgets()
+        total = 0.0
+        for side, (prompt, output) in self._shape.items():
+            if output > 0 and budgets.get(side, 0.0) > 0:
+                total += budgets[side] / (prompt + output / 2.0) * prompt / output
+        return total
 
     def budgets(self) -> dict[str, float]:
         """``M_L`` and ``M_R`` from the planned densities of root and sides (Alg. 3, step 1),

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from typing import Callable, Iterable
 
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
-from sgl_blend.core.dual_scan import COMPUTE, DualScanner
+from sgl_blend.core.dual_scan import COMPUTE, MEMORY, DualScanner
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
 from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, Planner
 from sgl_blend.core.prefix_tree import PrefixTree
@@ -35,6 +35,7 @@ class PlannedPolicy(ABC):
 
     name = "planned"
     default_sample_rate = 0.0
+    paces_prefill = False
 
     def __init__(self, cost_model: CostModel, *, seed: int = 0, replan_fraction: float = REPLAN_FRACTION,
                  sample_rate: float | None = None) -> None:
@@ -110,6 +111,8 @@ class PlannedPolicy(ABC):
         sampling = set(self._samples)
         plan = self._order(lambda index: index in self._pending and index not in sampling)
         scanner = DualScanner(plan.order, plan.boundary, self.capacity, self.tree.cost, self.footprint)
+        if self.paces_prefill:
+            scanner.set_side_shapes(self._side_shapes(plan))
         if self.scanner is not None:
             for index, side in self.scanner.side_of.items():
                 scanner.side_of[index] = side
@@ -119,6 +122,22 @@ class PlannedPolicy(ABC):
         self.last_plan = plan
         self.plans += 1
         self._unplanned.clear()
+
+    def _side_shapes(self, plan: Plan) -> dict[str, tuple[float, float]]:
+        shapes = {}
+        for side, requests in ((COMPUTE, plan.order[: plan.boundary]), (MEMORY, plan.order[plan.boundary:])):
+            if requests:
+                prompt = sum(self.tree.prompt_len[index] for index in requests) / len(requests)
+                output = sum(self.estimator.estimate(index) for index in requests) / len(requests)
+                shapes[side] = (prompt, output)
+        return shapes
+
+    def prefill_token_budget(self) -> int | None:
+        """Prefill tokens the engine should put in the next iteration; None keeps its default."""
+        if not self.paces_prefill or self.scanner is None:
+            return None
+        budget = self.scanner.prefill_budget()
+        return None if budget is None else max(1, int(budget))
 
     @abstractmethod
     def _order(self, include: Callable[[int], bool]) -> Plan:
@@ -208,6 +227,7 @@ class PlannedPolicy(ABC):
 class BlendServePolicy(PlannedPolicy):
     name = "blendserve"
     default_sample_rate = DEFAULT_SAMPLE_RATE
+    paces_prefill = True
 
     def __init__(self, cost_model: CostModel, *, split_threshold: float = DEFAULT_SPLIT_THRESHOLD, **kwargs) -> None:
         self.split_threshold = split_threshold

@@ -39,6 +39,9 @@ class AdmissionPolicy(Protocol):
        with the real output length.
     4. `withdraw` removes a pending request that will never run (its client aborted it).
 
+    `prefill_token_budget` is how many prefill tokens the policy wants in the next iteration
+    (BlendServe's per-side budgets ``C_L + C_R``), or None to keep the engine's own chunk size.
+
     `admission_side` names the scan side a request was admitted from ("compute" or "memory" for
     BlendServe's dual scan; None for single-order policies), for per-iteration records.
     """
@@ -60,5 +63,7 @@ class AdmissionPolicy(Protocol):
     def withdraw(self, rid: str) -> None: ...
 
     def admission_side(self, rid: str) -> str | None: ...
+
+    def prefill_token_budget(self) -> int | None: ...
 
     def pending_count(self) -> int: ...

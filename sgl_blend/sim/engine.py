@@ -71,7 +71,7 @@ class SimEngine:
         chunk_tokens: int = 8192,
         max_running: int = 1024,
         step_records: int = 4000,
-        new_token_ratio: float = 0.4,
+        new_token_ratio: float = 0.15,
     ) -> None:
         self.cost = cost_model
         self.policy = policy
@@ -196,7 +196,8 @@ class SimEngine:
         return taken
 
     def _mixed_step(self, prefilling: list[_Running], decoding: list[_Running]) -> tuple[float, float, int]:
-        budget = max(self.chunk_tokens - len(decoding), 0)
+        paced = self.policy.prefill_token_budget()
+        budget = min(self.chunk_tokens, paced) if paced is not None else max(self.chunk_tokens - len(decoding), 0)
         comp = len(decoding) * self._flops_per_token
         hits = 0
         for slot in prefilling:
