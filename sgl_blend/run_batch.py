@@ -141,7 +141,7 @@ async def run_job(
                 totals.seen_ids.add(item.custom_id)
                 await window.acquire()
                 task = asyncio.create_task(_send(session, item, totals, outputs, errors))
-                task.add_done_callback(lambda _t: (window.release(), bar.update(1), _show_rate(bar, totals, start)))
+                task.add_done_callback(lambda done: _on_line_done(done, window, bar, totals, start))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -198,6 +198,13 @@ async def _send(session: aiohttp.ClientSession, line: BatchLine, totals: JobTota
     totals.completion_tokens += usage.get("completion_tokens", 0)
     totals.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
     outputs.write(output_record(line.custom_id, status, body, body.get("id")))
+
+
+def _on_line_done(task: asyncio.Task, window: asyncio.Semaphore, bar: tqdm, totals: JobTotals, start: float) -> None:
+    window.release()
+    if not task.cancelled():
+        bar.update(1)
+        _show_rate(bar, totals, start)
 
 
 def _show_rate(bar: tqdm, totals: JobTotals, start: float) -> None:

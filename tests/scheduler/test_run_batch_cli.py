@@ -1,0 +1,50 @@
+"""`sgl-blend run-batch` end to end: interrupted with Ctrl-C, then re-run, every custom_id exactly once;
+a malformed line goes to the error file and the job goes on."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.batch_files import sharegpt_lines, write_jsonl
+from tests.conftest import free_port
+
+
+def command(batch: Path, output: Path) -> list[str]:
+    return [sys.executable, "-m", "sgl_blend.cli", "run-batch", "-i", str(batch), "-o", str(output),
+            "--model", "tiny-llama", "--port", str(free_port()), "--no-progress"]
+
+
+def custom_ids(path: Path) -> list[str]:
+    return [json.loads(line)["custom_id"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_interrupted_job_resumes_without_duplicates(tmp_path: Path) -> None:
+    lines = sharegpt_lines(200, max_tokens_cap=96)
+    batch = tmp_path / "in.jsonl"
+    write_jsonl(batch, lines)
+    with batch.open("a") as handle:
+        handle.write("{not json\n")
+    output = tmp_path / "out.jsonl"
+    first = subprocess.Popen(command(batch, output), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (not output.exists() or len(custom_ids(output)) < 20):
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    _out, err = first.communicate(timeout=120)
+    assert first.returncode == 130, err[-2000:]
+    partial = custom_ids(output)
+    assert 20 <= len(partial) < len(lines) and len(set(partial)) == len(partial)
+
+    second = subprocess.run(command(batch, output), capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    summary = json.loads(second.stdout)
+    assert summary["skipped_already_done"] >= len(partial)
+    done = custom_ids(output)
+    assert sorted(done) == sorted(line["custom_id"] for line in lines)
+    errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert [error["error"]["code"] for error in errors] == ["invalid_json"]
