@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     server_log = args.server_log or args.output.with_suffix(".server.log")
     print(f"starting the {args.model} server (log: {server_log}) ...", file=sys.stderr, flush=True)
     try:
-        totals, _state = run_on_fresh_server(
+        totals, state = run_on_fresh_server(
             args.model, args.policy, args.input, args.output, error_path, sglang_args=args.extra_args,
             hardware=args.hardware, server_log=server_log, show_progress=not args.no_progress,
             max_inflight=args.max_inflight)
@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: finished lines are saved; run the same command again to resume", file=sys.stderr)
         return 130
-    summary = {"policy": args.policy, "output": str(args.output), "errors": str(error_path), **totals.summary()}
+    offline = state.get("offline") or {}
+    summary = {"policy": args.policy, "output": str(args.output), "errors": str(error_path), **totals.summary(),
+               "scheduler": {key: offline[key] for key in ("counts", "plan_seconds") if key in offline}}
     print(json.dumps(summary, indent=2))
     if args.summary_json:
         args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")

@@ -220,6 +220,15 @@ class PlannedPolicy(ABC):
     def admission_side(self, rid: str) -> str | None:
         return None
 
+    def annotation(self, rid: str) -> tuple[float, int] | None:
+        index = self._index.get(rid)
+        if index is None:
+            return None
+        comp, mem = self.tree.cost(index)
+        node = self.tree.node_of[index]
+        sharers = node.parent.count if node.parent is not None and node.parent.parent is not None else node.count
+        return (comp / mem if mem > 0 else float("inf"), max(sharers - 1, 0))
+
     def pending_count(self) -> int:
         return len(self._pending)
 

@@ -42,6 +42,9 @@ class AdmissionPolicy(Protocol):
     `prefill_token_budget` is how many prefill tokens the policy wants in the next iteration
     (BlendServe's per-side budgets ``C_L + C_R``), or None to keep the engine's own chunk size.
 
+    `annotation` gives, for a pending request, the compute density the policy planned with and
+    how many pending requests share its prompt prefix: what the radix cache records on its nodes.
+
     `admission_side` names the scan side a request was admitted from ("compute" or "memory" for
     BlendServe's dual scan; None for single-order policies), for per-iteration records.
     """
@@ -65,5 +68,7 @@ class AdmissionPolicy(Protocol):
     def admission_side(self, rid: str) -> str | None: ...
 
     def prefill_token_budget(self) -> int | None: ...
+
+    def annotation(self, rid: str) -> tuple[float, int] | None: ...
 
     def pending_count(self) -> int: ...

@@ -42,7 +42,9 @@ def register() -> None:
     cpu_compat.install()
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sgl_blend.sglang_plugin.radix_backend import register_backend
     from sgl_blend.sglang_plugin.scheduler_hooks import register_scheduler_hooks
 
     HookRegistry.register(INTERNAL_STATE_TARGET, _report_state, HookType.AFTER)
     register_scheduler_hooks()
+    register_backend()

@@ -99,12 +99,16 @@ class OfflinePool:
         """Online requests always; offline requests only when the policy proposed them."""
         return not is_offline(req.routing_key) or req.rid in self._proposed
 
-    def on_admitted(self, req: SchedulerReq) -> None:
+    def on_admitted(self, req: SchedulerReq, tree_cache: Any = None) -> None:
         if req.rid in self._pending:
+            annotation = self.policy.annotation(req.rid)
             self._pending.discard(req.rid)
             self._running.add(req.rid)
             self.policy.admitted([req.rid])
             self.counts["admitted"] += 1
+            annotate = getattr(tree_cache, "annotate_path", None)
+            if annotate is not None and annotation is not None and getattr(req, "last_node", None) is not None:
+                self.counts["annotated_nodes"] += annotate(req.last_node, *annotation)
 
     def on_batch_result(self, reqs: Iterable[SchedulerReq]) -> None:
         """Report progress and completions, and record which scan sides share this batch."""

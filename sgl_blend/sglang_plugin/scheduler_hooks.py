@@ -101,8 +101,8 @@ def _may_admit(req: Any) -> bool:
 
 
 @_guarded
-def _admitted(req: Any) -> None:
-    _pool.on_admitted(req)
+def _admitted(req: Any, tree_cache: Any) -> None:
+    _pool.on_admitted(req, tree_cache)
 
 
 def _after_batch_result(result: Any, _scheduler: Any, batch: Any, *_args: Any, **_kwargs: Any) -> Any:
@@ -122,7 +122,7 @@ def _blend_prefill_adder_class() -> type:
                 return AddReqResult.OTHER
             result = super().add_one_req(req, has_chunked_req, truncation_align_size)
             if self.can_run_list and self.can_run_list[-1] is req:
-                _admitted(req)
+                _admitted(req, self.tree_cache)
             return result
 
     return BlendPrefillAdder

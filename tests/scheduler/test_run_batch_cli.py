@@ -1,5 +1,5 @@
 """`sgl-blend run-batch` end to end: interrupted with Ctrl-C, then re-run, every custom_id exactly once;
-a malformed line goes to the error file and the job goes on."""
+a malformed line goes to the error file and the job goes on; radix nodes carry the annotations."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from tests.conftest import free_port
 
 
 def command(batch: Path, output: Path) -> list[str]:
+    """The job runs on the annotated radix-cache backend with priority eviction, so this test also
+    covers the backend: SGLang flags after the job's own pass through to the server."""
     return [sys.executable, "-m", "sgl_blend.cli", "run-batch", "-i", str(batch), "-o", str(output),
-            "--model", "tiny-llama", "--port", str(free_port()), "--no-progress"]
+            "--model", "tiny-llama", "--port", str(free_port()), "--no-progress",
+            "--radix-cache-backend", "sgl-blend", "--radix-eviction-policy", "priority"]
 
 
 def custom_ids(path: Path) -> list[str]:
@@ -44,6 +47,7 @@ def test_interrupted_job_resumes_without_duplicates(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr[-2000:]
     summary = json.loads(second.stdout)
     assert summary["skipped_already_done"] >= len(partial)
+    assert summary["scheduler"]["counts"]["annotated_nodes"] > 0
     done = custom_ids(output)
     assert sorted(done) == sorted(line["custom_id"] for line in lines)
     errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
