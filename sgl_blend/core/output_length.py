@@ -29,6 +29,7 @@ class OutputLengthEstimator:
         self._exact: set[int] = set()
         self._observed: dict[int, int] = {}
         self.sampled: set[int] = set()
+        self._unobserved_samples = 0
 
     def register(self, request: int, max_new_tokens: int, exact: bool) -> bool:
         """Record a request's bound; returns whether it was chosen as a sample."""
@@ -38,12 +39,15 @@ class OutputLengthEstimator:
             return False
         if self._rng.random() < self.sample_rate:
             self.sampled.add(request)
+            self._unobserved_samples += 1
             return True
         return False
 
     def forget(self, request: int) -> None:
         """Drop a request's bookkeeping; its sample, if observed, stays in the tree's aggregates
         only while the request stays in the tree."""
+        if request in self.sampled and request not in self._observed:
+            self._unobserved_samples -= 1
         self._limit.pop(request, None)
         self._exact.discard(request)
         self.sampled.discard(request)
@@ -54,13 +58,16 @@ class OutputLengthEstimator:
         if request in self._observed or request not in self._limit:
             return
         self._observed[request] = output_len
+        if request in self.sampled:
+            self._unobserved_samples -= 1
         if request in self.sampled and request in self.tree.node_of:
             for node in self.tree.path(self.tree.node_of[request]):
                 node.sample_count += 1
                 node.sample_sum += output_len
 
     def pending_samples(self) -> int:
-        return sum(1 for request in self.sampled if request not in self._observed)
+        """Samples whose length has not been observed yet (O(1): the planner asks every step)."""
+        return self._unobserved_samples
 
     def estimate(self, request: int) -> int:
         limit = self._limit[request]

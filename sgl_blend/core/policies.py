@@ -53,7 +53,7 @@ class PlannedPolicy(ABC):
         self._pending: set[int] = set()
         self._running: set[int] = set()
         self._unplanned: set[int] = set()
-        self._samples: list[int] = []
+        self._samples: dict[int, None] = {}
         self._sample_side: dict[int, float] = {}
         self._estimates_stale = False
         self._proposed: dict[int, str] = {}
@@ -82,7 +82,7 @@ class PlannedPolicy(ABC):
                              self.cost_model.mem_time(prompt, output))
             self._pending.add(index)
             if sampled:
-                self._samples.append(index)
+                self._samples[index] = None
             else:
                 self._unplanned.add(index)
 
@@ -166,7 +166,7 @@ class PlannedPolicy(ABC):
             self._pending.discard(index)
             self._running.add(index)
             if side == SAMPLE_SIDE:
-                self._samples.remove(index)
+                del self._samples[index]
                 self._sample_side[index] = self.footprint(index)
                 self._estimates_stale = True
             elif self.scanner is not None:
@@ -184,7 +184,7 @@ class PlannedPolicy(ABC):
         self._running.discard(index)
         self._pending.add(index)
         if self._sample_side.pop(index, None) is not None:
-            self._samples.insert(0, index)
+            self._samples[index] = None
         elif self.scanner is not None:
             self.scanner.requeue(index)
 
@@ -206,8 +206,7 @@ class PlannedPolicy(ABC):
         self._pending.discard(index)
         self._running.discard(index)
         self._unplanned.discard(index)
-        if index in self._samples:
-            self._samples.remove(index)
+        self._samples.pop(index, None)
         if self.scanner is not None:
             self.scanner.withdraw(index)
         self._forget(index)
