@@ -14,9 +14,9 @@ from sgl_blend.run_batch import run_job
 def demo_lines(n: int) -> list[dict]:
     """Half ShareGPT chat prompts, half few-shot prompts sharing long prefixes, all chat lines."""
     shared = fewshot_lines(n=n - n // 2, groups=4, chat=True)
-    chats = sharegpt_lines(n=n // 2, max_tokens_cap=64)
+    chats = sharegpt_lines(n=n // 2, max_prompt_chars=1200, max_tokens_cap=64)
     for line in shared:
-        line["body"]["max_tokens"] = min(line["body"]["max_tokens"], 64)
+        line["body"]["max_tokens"] = min(line["body"]["max_tokens"], 32)
     return chats + shared
 
 

@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--work-dir", type=Path, default=Path("demo-output"), help="where outputs and logs go")
-    parser.add_argument("--batch-lines", type=int, default=16, help="lines in the demo batch (0: chat only)")
+    parser.add_argument("--batch-lines", type=int, default=12, help="lines in the demo batch (0: chat only)")
 
 
 def run(args: argparse.Namespace) -> int:
