@@ -1,18 +1,27 @@
-"""How an iteration's compute time and memory time combine: ``T = f(T_comp, T_mem)``.
+"""How an iteration's compute time and memory time combine: ``T = f((1 - s) T_comp, T_mem)``.
 
-``sum`` is an engine that overlaps nothing (SGLang or vLLM running one kernel at a time);
-``max`` is perfect overlap (the bound NanoFlow-style operator overlapping approaches);
-``interference`` is max plus a fraction of the smaller term, the contention that co-running
-GEMM and attention kernels actually show; ``fitted`` takes ``a max + b min + c`` from a profile.
+Every choice is ``a max(c, m) + b min(c, m) + k``:
+
+- ``sum`` (a=b=1): nothing overlaps, one kernel at a time;
+- ``max`` (a=1, b=0): perfect overlap, the paper's idealised ``T_o``;
+- ``interference`` (a=1, b=lambda): overlap where the smaller term still costs a fraction lambda,
+  the slowdown co-running GEMM and attention kernels show when they contend for SMs and cache;
+- ``fitted``: coefficients fitted by least squares to profiled (comp, mem, measured) iterations,
+  the paper's "profiled practical" overlap.
+
+For 0 <= b <= a the sum over iterations is at least ``f`` of the summed terms, so ``f`` applied to
+a workload's totals is a lower bound on any schedule's time: the practical ``T_o``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 DEFAULT_INTERFERENCE = 0.15
+OVERLAP_NAMES = ("sum", "max", "interference", "fitted")
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,15 @@ class OverlapFunction:
         return self.weight_max * np.maximum(comp, mem) + self.weight_min * np.minimum(comp, mem) + self.constant
 
 
+def fit_overlap(samples: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """``(a, b, k)`` minimising squared error of ``a max + b min + k`` over (comp, mem, measured)."""
+    data = np.asarray(samples, dtype=float)
+    design = np.column_stack([np.maximum(data[:, 0], data[:, 1]), np.minimum(data[:, 0], data[:, 1]),
+                              np.ones(len(data))])
+    coefficients, *_ = np.linalg.lstsq(design, data[:, 2], rcond=None)
+    return float(coefficients[0]), float(coefficients[1]), float(coefficients[2])
+
+
 def overlap_function(name: str, interference: float = DEFAULT_INTERFERENCE,
                      fitted: tuple[float, float, float] | None = None) -> OverlapFunction:
     if name == "sum":
@@ -36,9 +54,9 @@ def overlap_function(name: str, interference: float = DEFAULT_INTERFERENCE,
     if name == "max":
         return OverlapFunction("max", 1.0, 0.0)
     if name == "interference":
-        return OverlapFunction(f"interference({interference})", 1.0, interference)
+        return OverlapFunction(f"interference({interference:g})", 1.0, interference)
     if name == "fitted":
         if fitted is None:
-            raise ValueError("the fitted overlap needs its (a, b, c) coefficients")
-        return OverlapFunction("fitted", *fitted)
-    raise ValueError(f"unknown overlap function {name!r}; known: sum, max, interference, fitted")
+            raise ValueError("the fitted overlap needs its (a, b, k) coefficients")
+        return OverlapFunction("fitted({:g}, {:g}, {:g})".format(*fitted), *fitted)
+    raise ValueError(f"unknown overlap function {name!r}; known: {', '.join(OVERLAP_NAMES)}")

@@ -1,74 +1,76 @@
-"""Simulated requests and their JSONL form.
+"""Simulated requests: a chain of shared prompt segments, a unique tail, and an output length.
 
-A prompt is a shared prefix (a few-shot template or a system prompt, identified by its key and
-length) plus a unique tail. That is all the simulator's prefix cache needs, and it keeps 400K
-requests small: the token ids given to the policy's prefix tree are generated from the key and
-the request's seed, so a workload file stores lengths and keys, never token arrays.
+A prompt is what the radix cache can share -- a trace's system prompt, then perhaps a few-shot
+template -- followed by text no other request has. Each shared segment is named by a hash that
+chains its parent's (a prefix-block hash), so a workload file stores lengths and hashes, never
+token arrays, and 400K requests stay small. Token ids for the policy's prefix tree are derived
+from the hashes on demand: a segment's ids from its hash, a tail's from the request id, drawn
+from a 31-bit range so that unrelated prompts never share a token by accident.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from array import array
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 
-VOCAB = 128000
+TOKEN_RANGE = 2**31 - 1
+_TAIL_HEAD = 4
+_TAIL_FILL = 1
+
+Segment = tuple[str, int]
 
 
-@dataclass(frozen=True)
+def chain_hash(parent: str, content: str) -> str:
+    """Hash of a prompt block given its parent block's hash: equal only for equal prefixes."""
+    return hashlib.blake2b(f"{parent}/{content}".encode(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
 class SimRequest:
     rid: str
-    prefix_key: str | None
-    prefix_len: int
+    source: str
+    prefix: tuple[Segment, ...]
     unique_len: int
     output_len: int
     max_new_tokens: int
-    exact: bool = True
-    source: str = ""
+    exact: bool
+
+    @property
+    def prefix_len(self) -> int:
+        return sum(length for _key, length in self.prefix)
 
     @property
     def prompt_len(self) -> int:
         return self.prefix_len + self.unique_len
 
-    @property
     def prompt_ids(self) -> array:
-        return _prefix_tokens(self.prefix_key, self.prefix_len) + _tail_tokens(self.rid, self.unique_len)
+        tokens = array("i")
+        for key, length in self.prefix:
+            tokens.extend(_segment_tokens(key, length))
+        tokens.extend(_tail_tokens(self.rid, self.unique_len))
+        return tokens
 
 
-def _random_tokens(seed_text: str, length: int) -> array:
-    seed = int.from_bytes(hashlib.blake2b(seed_text.encode(), digest_size=8).digest(), "little")
+def _seed(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+@lru_cache(maxsize=8192)
+def _segment_tokens(key: str, length: int) -> array:
     tokens = array("i")
-    tokens.frombytes(np.random.default_rng(seed).integers(0, VOCAB, size=length, dtype=np.int32).tobytes())
+    tokens.frombytes(np.random.default_rng(_seed(key)).integers(1, TOKEN_RANGE, size=length, dtype=np.int32).tobytes())
     return tokens
 
 
-@lru_cache(maxsize=4096)
-def _prefix_tokens(key: str | None, length: int) -> array:
-    if key is None or length == 0:
-        return array("i")
-    return _random_tokens(f"prefix:{key}", length)
-
-
 def _tail_tokens(rid: str, length: int) -> array:
-    return _random_tokens(f"tail:{rid}", length)
-
-
-def save_jsonl(requests: Iterable[SimRequest], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        for request in requests:
-            handle.write(json.dumps(asdict(request)) + "\n")
-    return path
-
-
-def load_jsonl(path: Path) -> Iterator[SimRequest]:
-    with path.open() as handle:
-        for line in handle:
-            if line.strip():
-                yield SimRequest(**json.loads(line))
+    """A few hashed tokens make the tail unique; a constant fill after them keeps generation cheap
+    (the trie branches at the first differing token, so the fill is never shared)."""
+    head = min(length, _TAIL_HEAD)
+    seed = _seed(rid)
+    tokens = array("i", [1 + (seed >> (16 * i)) % (TOKEN_RANGE - 1) for i in range(head)])
+    tokens.extend(array("i", [_TAIL_FILL]) * (length - head))
+    return tokens

@@ -1,0 +1,88 @@
+"""Paged KV memory with a radix prefix cache, at the granularity of shared prompt segments.
+
+Shared segments live in the cache as nodes of a radix tree (a segment's hash already names its
+whole path). A node is referenced by every running request whose prompt passes through it; one
+nobody references stays cached and can be reused until memory is needed, when the least
+recently released goes first. Releasing a chain inserts its nodes deepest first, so a child is
+always evicted before its parent and the tree never holds an orphan. Sizes are whole pages, as
+SGLang allocates them; a request's private tokens (unique tail and output) are the engine's.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+from sgl_blend.sim.workload import Segment
+
+
+class _Node:
+    __slots__ = ("length", "refs")
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.refs = 0
+
+
+class RadixKVCache:
+    def __init__(self, capacity_tokens: int, page_size: int = 1) -> None:
+        self.capacity = capacity_tokens
+        self.page_size = page_size
+        self.used = 0
+        self.evictable = 0
+        self._nodes: dict[str, _Node] = {}
+        self._lru: OrderedDict[str, None] = OrderedDict()
+
+    def pages(self, tokens: int) -> int:
+        """Tokens rounded up to whole pages: what an allocation really takes."""
+        return -(-tokens // self.page_size) * self.page_size
+
+    def cached_prefix(self, prefix: Sequence[Segment]) -> int:
+        """Tokens of ``prefix`` already resident, from the start of the chain."""
+        hit = 0
+        for key, length in prefix:
+            if key not in self._nodes:
+                break
+            hit += length
+        return hit
+
+    def missing_tokens(self, prefix: Sequence[Segment]) -> int:
+        return sum(self.pages(length) for key, length in prefix if key not in self._nodes)
+
+    def acquire(self, prefix: Sequence[Segment]) -> int:
+        """Reference every segment of the chain, inserting the missing ones; returns the hit
+        tokens. The caller has made room (``evict``) for `missing_tokens` first."""
+        hit, hitting = 0, True
+        for key, length in prefix:
+            node = self._nodes.get(key)
+            if node is None:
+                hitting = False
+                node = self._nodes[key] = _Node(self.pages(length))
+                self.used += node.length
+            elif hitting:
+                hit += length
+            if node.refs == 0 and key in self._lru:
+                del self._lru[key]
+                self.evictable -= node.length
+            node.refs += 1
+        return hit
+
+    def release(self, prefix: Sequence[Segment]) -> None:
+        for key, _length in reversed(prefix):
+            node = self._nodes[key]
+            node.refs -= 1
+            if node.refs == 0:
+                self._lru[key] = None
+                self.evictable += node.length
+
+    def evict(self, tokens: int) -> int:
+        """Drop unreferenced segments, least recently released first, until ``tokens`` are freed
+        or none is left; returns the tokens freed."""
+        freed = 0
+        while freed < tokens and self._lru:
+            key, _ = self._lru.popitem(last=False)
+            node = self._nodes.pop(key)
+            self.used -= node.length
+            self.evictable -= node.length
+            freed += node.length
+        return freed
