@@ -1,9 +1,12 @@
 """Mix traces to a target compute density and prefix-sharing ratio (paper Appendix A.3).
 
-A compute-heavy trace and the memory-heavy OpenVid trace set the density; MMLU requests, whose
-few-shot prefixes are shared, set the sharing ratio. Counts are solved by nested bisection on the
-per-trace means of the cost model, then the requests are drawn and shuffled with the seed, so the
-same (density, sharing, n, seed) always gives the same workload.
+A compute-heavy trace (BurstGPT by default; Azure, LIMO or real ShareGPT too) and the memory-heavy OpenVid set the density; MMLU,
+whose few-shot prefixes are shared, sets the sharing ratio. Each trace is a seeded stream and a
+mix takes the first ``c``, ``v`` and ``m`` requests of the three streams, so the mix's exact
+totals are prefix sums and the counts are found by nested integer bisection on the real requests
+(not on trace means, which OpenVid's heavy output tail makes unreliable at small ``n``): outer on
+the MMLU count for sharing, inner on the OpenVid count for density. The result is shuffled with
+the seed into its submission order, so (n, density, sharing, seed) always gives the same workload.
 """
 
 from __future__ import annotations
@@ -11,83 +14,102 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from bench.workloads.traces import GENERATORS, MMLU_SUBJECTS
-from sgl_blend.core.cost_model import CostModel, subset_density
+import numpy as np
+
+from bench.workloads.synthetic import generate
+from sgl_blend.core.cost_model import CostModel
 from sgl_blend.sim.workload import SimRequest
 
-CALIBRATION_SAMPLES = 4000
-
-
-@dataclass(frozen=True)
-class TraceMeans:
-    comp: float
-    mem: float
-    prompt: float
-    prefix: float
-
-
-def trace_means(name: str, cost: CostModel, seed: int = 0) -> TraceMeans:
-    rng = random.Random(seed)
-    sample = [GENERATORS[name](rng, index) for index in range(CALIBRATION_SAMPLES)]
-    n = len(sample)
-    return TraceMeans(
-        sum(cost.comp_time(r.prompt_len, r.output_len) for r in sample) / n,
-        sum(cost.mem_time(r.prompt_len, r.output_len) for r in sample) / n,
-        sum(r.prompt_len for r in sample) / n,
-        sum(r.prefix_len for r in sample) / n,
-    )
-
-
-def mix_properties(counts: dict[str, float], means: dict[str, TraceMeans]) -> tuple[float, float]:
-    """(density, sharing) of a mix with these per-trace counts, from the trace means."""
-    comp = sum(counts[name] * means[name].comp for name in counts)
-    mem = sum(counts[name] * means[name].mem for name in counts)
-    prompt = sum(counts[name] * means[name].prompt for name in counts)
-    mmlu = counts.get("mmlu", 0.0)
-    saved = max(mmlu - MMLU_SUBJECTS, 0.0) * means["mmlu"].prefix if "mmlu" in means else 0.0
-    sharing = saved / prompt if prompt else 0.0
-    return subset_density(comp, mem, sharing), sharing
-
-
-def _bisect(function, low: float, high: float, target: float, increasing: bool) -> float:
-    for _ in range(60):
-        middle = (low + high) / 2
-        if (function(middle) < target) == increasing:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2
-
-
-def solve_counts(n: int, density: float, sharing: float, compute_trace: str, cost: CostModel) -> dict[str, int]:
-    means = {name: trace_means(name, cost) for name in (compute_trace, "openvid", "mmlu")}
-
-    def counts_for(mmlu_fraction: float) -> dict[str, float]:
-        rest = n * (1 - mmlu_fraction)
-
-        def density_at(video_fraction: float) -> float:
-            mix = {compute_trace: rest * (1 - video_fraction), "openvid": rest * video_fraction, "mmlu": n * mmlu_fraction}
-            return mix_properties(mix, means)[0]
-
-        video = _bisect(density_at, 0.0, 1.0, density, increasing=False)
-        return {compute_trace: rest * (1 - video), "openvid": rest * video, "mmlu": n * mmlu_fraction}
-
-    mmlu_fraction = _bisect(lambda f: mix_properties(counts_for(f), means)[1], 0.0, 0.95, sharing, increasing=True)
-    return {name: int(round(count)) for name, count in counts_for(mmlu_fraction).items()}
-
-
-def mix(n: int, density: float, sharing: float, cost: CostModel, seed: int = 0,
-        compute_trace: str = "burstgpt") -> list[SimRequest]:
-    counts = solve_counts(n, density, sharing, compute_trace, cost)
-    rng = random.Random(seed)
-    requests = [GENERATORS[name](rng, index) for name, count in counts.items() for index in range(count)]
-    rng.shuffle(requests)
-    return requests
-
-
-TABLE2_TRACES = {
+TABLE2_TRACES: dict[str, tuple[float, float]] = {
     "trace1": (1.4, 0.35),
     "trace2": (0.9, 0.35),
     "trace3": (1.4, 0.05),
     "trace4": (0.9, 0.05),
 }
+GRID_DENSITIES = tuple(round(0.80 + 0.05 * step, 2) for step in range(13))
+GRID_SHARINGS = tuple(round(0.05 + 0.10 * step, 2) for step in range(5))
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """A trace's requests with prefix sums of compute, memory, prompt and shared tokens."""
+
+    requests: list[SimRequest]
+    comp: np.ndarray
+    mem: np.ndarray
+    prompt: np.ndarray
+    saved: np.ndarray
+
+    @classmethod
+    def of(cls, requests: list[SimRequest], cost: CostModel) -> _Stream:
+        seen: set[str] = set()
+        saved = []
+        for request in requests:
+            saved.append(sum(length for key, length in request.prefix if key in seen))
+            seen.update(key for key, _length in request.prefix)
+
+        def prefix_sum(values) -> np.ndarray:
+            return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))])
+
+        return cls(requests, prefix_sum([cost.comp_time(r.prompt_len, r.output_len) for r in requests]),
+                   prefix_sum([cost.mem_time(r.prompt_len, r.output_len) for r in requests]),
+                   prefix_sum([r.prompt_len for r in requests]), prefix_sum(saved))
+
+
+def _generate(trace: str, n: int, seed: int) -> list[SimRequest]:
+    if trace == "sharegpt":
+        from bench.workloads import sharegpt
+
+        return sharegpt.load(n, seed)
+    return generate(trace, n, seed)
+
+
+def _properties(streams: tuple[_Stream, _Stream, _Stream], counts: tuple[int, int, int]) -> tuple[float, float]:
+    """(density, sharing) of the mix taking ``counts`` from each stream."""
+    comp = sum(stream.comp[count] for stream, count in zip(streams, counts))
+    mem = sum(stream.mem[count] for stream, count in zip(streams, counts))
+    prompt = sum(stream.prompt[count] for stream, count in zip(streams, counts))
+    saved = sum(stream.saved[count] for stream, count in zip(streams, counts))
+    sharing = saved / prompt if prompt else 0.0
+    return ((1 - sharing) * comp / mem if mem else float("inf")), sharing
+
+
+def _bisect(low: int, high: int, too_low) -> int:
+    """Smallest integer in [low, high] where ``too_low`` turns false (monotone predicate)."""
+    while low < high:
+        middle = (low + high) // 2
+        if too_low(middle):
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def solve_counts(n: int, density: float, sharing: float, streams: tuple[_Stream, _Stream, _Stream]) -> tuple[int, int, int]:
+    def with_mmlu(m: int) -> tuple[int, int, int]:
+        v = _bisect(0, n - m, lambda v: _properties(streams, (n - m - v, v, m))[0] > density)
+        if v > 0:
+            above = _properties(streams, (n - m - v + 1, v - 1, m))[0]
+            below = _properties(streams, (n - m - v, v, m))[0]
+            v -= int(above - density < density - below)
+        return n - m - v, v, m
+
+    m = _bisect(0, n, lambda m: _properties(streams, with_mmlu(m))[1] < sharing)
+    return with_mmlu(m)
+
+
+def mix(n: int, density: float, sharing: float, cost: CostModel, seed: int = 0,
+        compute_trace: str = "burstgpt") -> list[SimRequest]:
+    streams = tuple(_Stream.of(_generate(trace, n, seed), cost) for trace in (compute_trace, "openvid", "mmlu"))
+    counts = solve_counts(n, density, sharing, streams)
+    requests = [request for stream, count in zip(streams, counts) for request in stream.requests[:count]]
+    random.Random(seed).shuffle(requests)
+    return requests
+
+
+def named_workload(name: str, n: int, cost: CostModel, seed: int = 0) -> list[SimRequest]:
+    """``trace1``..``trace4`` (Table 2) or ``DENSITY:SHARING`` (e.g. ``1.2:0.25``)."""
+    if name in TABLE2_TRACES:
+        return mix(n, *TABLE2_TRACES[name], cost, seed)
+    density, sharing = (float(part) for part in name.split(":"))
+    return mix(n, density, sharing, cost, seed)

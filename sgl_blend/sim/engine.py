@@ -1,254 +1,325 @@
 """An iteration-level model of SGLang's engine on a modelled GPU, driving a real `AdmissionPolicy`.
 
-Each iteration: admit what the policy proposes while KV fits (evicting unreferenced cached
-prefixes, least recently used first), run one step of continuous batching -- every decoding
-request produces a token, and prefill chunks fill the rest of the token budget (mixed
-prefill+decode) -- and charge its time as ``f((1 - s) T_comp, T_mem)`` from the cost model, with
-s the share of prefill skipped by cache hits. KV that grows past capacity retracts the newest
-request: its KV is dropped and, as in SGLang, it keeps the tokens it generated and recomputes
-them as prompt when it returns. Admission reserves KV for the future output of everything running
-at SGLang's new-token ratio, so retraction stays the exception it is in the real engine. Long decode-only stretches, when nothing
-can be admitted, are advanced in one closed-form step up to the next finish, which is what lets
-400K requests simulate in minutes.
+Each iteration, as SGLang's scheduler does it:
+
+1. Admission. The policy is offered the KV that is free once the running requests' future output
+   is reserved (``min(max_new - decoded, 4096)`` tokens each, times the new-token ratio, or times 1
+   for ``ignore_eos`` requests); the engine admits a prefix of its proposal, stopping at the first
+   request whose prompt plus reserve does not fit, or once this iteration's prefill room is used.
+   Shared prompt segments come from the radix cache when resident (LRU eviction of unreferenced
+   ones makes room).
+2. One mixed step: every decoding request produces a token; prefill chunks -- the one carried
+   over first, then the new ones, the last possibly cut -- fill the prefill room, which is the
+   token budget less the decodes (a dense batch, as NanoFlow runs it), or the policy's own
+   ``prefill_token_budget`` when it paces prefill (BlendServe's ``C_L + C_R``).
+3. Time: ``f(comp, mem)`` from the cost model's per-token terms, so a whole run under ``f = sum``
+   adds up to exactly ``T_comp + T_mem`` of what was executed.
+4. KV that would overflow retracts requests (fewest decoded tokens first, like SGLang); they keep
+   their output and recompute prompt and output as prefill when they return.
+
+Only the engine knows true output lengths, and it uses them only to stop a request. Long
+decode-only stretches, when nothing can be admitted, run in closed form up to the next finish.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
+from sgl_blend.sim.kv_cache import RadixKVCache
+from sgl_blend.sim.metrics import SimResult, StepTrace
 from sgl_blend.sim.overlap import OverlapFunction
 from sgl_blend.sim.workload import SimRequest
 
-
-@dataclass
-class _Running:
-    request: SimRequest
-    prefill_left: int
-    decoded: int = 0
-    private_kv: int = 0
-    prefix_hit: int = 0
+CLIP_MAX_NEW_TOKENS = 4096
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
-@dataclass
-class SimResult:
-    seconds: float
-    prompt_tokens: int
-    output_tokens: int
-    cached_tokens: int
-    comp_seconds: float
-    mem_seconds: float
-    iterations: int
-    retractions: int
-    admitted_order: list[str]
-    finished_order: list[str]
-    decoded_tokens: int
-    peak_kv: int
-    steps: list[tuple[float, float, int]] = field(default_factory=list)
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine limits. ``kv_capacity`` None means what the hardware's KV memory holds."""
 
-    @property
-    def tokens_per_s(self) -> float:
-        return (self.prompt_tokens + self.output_tokens) / self.seconds if self.seconds else 0.0
-
-    @property
-    def sharing_ratio(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    kv_capacity: int | None = None
+    token_budget: int = 2048
+    max_running: int = 1024
+    page_size: int = 1
+    max_stretch: int = 256
+    proposal_size: int = 16
+    progress_interval: int = 32
 
 
 class SimEngine:
-    def __init__(
-        self,
-        cost_model: CostModel,
-        policy: AdmissionPolicy,
-        overlap: OverlapFunction,
-        *,
-        kv_capacity: int | None = None,
-        chunk_tokens: int = 8192,
-        max_running: int = 1024,
-        step_records: int = 4000,
-        new_token_ratio: float = 0.15,
-    ) -> None:
-        self.cost = cost_model
+    def __init__(self, cost: CostModel, policy: AdmissionPolicy, overlap: OverlapFunction,
+                 config: EngineConfig = EngineConfig()) -> None:
+        self.cost = cost
         self.policy = policy
         self.overlap = overlap
-        self.capacity = kv_capacity or cost_model.kv_capacity_tokens()
-        self.chunk_tokens = chunk_tokens
-        self.max_running = max_running
-        self.step_records = step_records
-        self.new_token_ratio = new_token_ratio
-        self._generated: dict[str, int] = {}
-        self._prefixes: OrderedDict[object, list[int]] = OrderedDict()
-        self._kv_used = 0
-        self._flops_per_token = 2.0 * cost_model.model.params / cost_model.hardware.flops
-        # Chunks sum to p^2/2 query-key pairs; twice the cost model's 4 H L per pair gives its 4 p^2 H L.
-        self._attn = 8.0 * cost_model.model.hidden * cost_model.model.layers / cost_model.hardware.flops
-        self._kv_read = cost_model.model.kv_dim * cost_model.model.layers * 2 * cost_model.model.dtype_bytes / cost_model.hardware.bandwidth
+        self.config = config
+        self.capacity = config.kv_capacity or cost.kv_capacity_tokens()
+        model, hardware = cost.model, cost.hardware
+        self._token_comp = 2.0 * model.params / hardware.flops
+        # Chunks add up to p^2 / 2 query-key pairs per prompt; 8 H L per pair is the model's 4 p^2 H L.
+        self._attn_comp = 8.0 * model.hidden * model.layers / hardware.flops
+        self._kv_read = model.kv_dim * model.layers * 2 * model.dtype_bytes / hardware.bandwidth
+        self._ratio_decay = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
 
-    def run(self, requests: Sequence[SimRequest], progress: Callable[[int], None] | None = None) -> SimResult:
-        by_rid = {request.rid: request for request in requests}
+    def run(self, requests: Sequence[SimRequest], on_finish: Callable[[int], None] | None = None) -> SimResult:
+        return _Run(self, requests, on_finish).execute()
+
+
+class _Run:
+    """The state of one simulation: per-request arrays, and per-slot arrays for what runs."""
+
+    def __init__(self, engine: SimEngine, requests: Sequence[SimRequest],
+                 on_finish: Callable[[int], None] | None) -> None:
+        self.engine = engine
+        self.cfg = engine.config
+        self.policy = engine.policy
+        self.requests = requests
+        self.on_finish = on_finish
+        self.index = {request.rid: i for i, request in enumerate(requests)}
+        if len(self.index) != len(requests):
+            raise ValueError("request ids must be unique")
+        self.cache = RadixKVCache(self.cfg.page_size)
+        self.capacity = engine.capacity
+        self.generated = np.zeros(len(requests), dtype=np.int64)
+        self.seen = np.zeros(len(requests), dtype=bool)
+        slots = self.cfg.max_running
+        self.slot_request = np.full(slots, -1, dtype=np.int64)
+        self.prompt = np.zeros(slots, dtype=np.int64)
+        self.decoded = np.zeros(slots, dtype=np.int64)
+        self.target = np.zeros(slots, dtype=np.int64)
+        self.max_new = np.zeros(slots, dtype=np.int64)
+        self.exact = np.zeros(slots, dtype=bool)
+        self.private = np.zeros(slots, dtype=np.int64)  # unique-tail and output tokens, unpaged
+        self.prefill_left = np.zeros(slots, dtype=np.int64)
+        self.done_before = np.zeros(slots, dtype=np.int64)
+        self.active = np.zeros(slots, dtype=bool)
+        self.free_slots = list(range(slots - 1, -1, -1))
+        self.prefill_queue: list[int] = []
+        self.private_used = 0
+        self.ratio = INIT_NEW_TOKEN_RATIO
+        self.admitted_order: list[str] = []
+        self.finished: dict[str, int] = {}
+        self.trace = StepTrace()
+        self.clock = self.comp_total = self.mem_total = 0.0
+        self.cached = self.iterations = self.retractions = self.peak_kv = 0
+
+    @property
+    def kv_used(self) -> int:
+        return self.cache.used + self.private_used
+
+    def execute(self) -> SimResult:
         self.policy.set_kv_capacity(self.capacity)
-        self.policy.submit(OfflineRequest(r.rid, r.prompt_ids, r.max_new_tokens, r.exact) for r in requests)
-        running: list[_Running] = []
-        clock = comp_total = mem_total = 0.0
-        cached = iterations = retractions = finished = 0
-        order: list[str] = []
-        finished_order: list[str] = []
-        decoded_total = peak_kv = 0
-        steps: list[tuple[float, float, int]] = []
-        record_every = max(1, sum(r.output_len for r in requests) // max(len(requests), 1) // 4 or 1)
-        while finished < len(requests):
-            admitted = self._admit(running, by_rid)
-            order.extend(admitted)
-            if not running:
-                raise RuntimeError("the policy proposed nothing that fits while requests remain")
-            prefilling = [slot for slot in running if slot.prefill_left > 0]
-            decoding = [slot for slot in running if slot.prefill_left == 0]
-            if prefilling or admitted:
-                comp, mem, hits = self._mixed_step(prefilling, decoding)
-                cached += hits
-                repeat = 1
+        self.policy.submit(OfflineRequest(r.rid, r.prompt_ids(), r.max_new_tokens, r.exact) for r in self.requests)
+        while len(self.finished) < len(self.requests):
+            decoding = self.active & (self.prefill_left == 0)
+            admitted = self._admit(int(decoding.sum()))
+            if not self.active.any():
+                raise RuntimeError(f"{len(self.requests) - len(self.finished)} requests left but the policy "
+                                   "proposed nothing that fits in an empty engine")
+            if self.prefill_queue or admitted:
+                self._mixed_step(decoding)
             else:
-                repeat = self._decode_run_length(decoding)
-                comp, mem = self._decode_steps(decoding, repeat)
-            step_time = self.overlap(comp, mem) if repeat == 1 else self._bulk_time(decoding, repeat)
-            clock += step_time
-            comp_total += comp
-            mem_total += mem
-            iterations += repeat
-            for slot in decoding:
-                slot.decoded += repeat
-                slot.private_kv += repeat
-                self._kv_used += repeat
-            if len(steps) < self.step_records and iterations % record_every < repeat:
-                steps.append((comp / repeat, mem / repeat, len(running)))
-            done = [slot for slot in decoding if slot.decoded >= slot.request.output_len]
-            for slot in done:
-                running.remove(slot)
-                self._release(slot)
-                self.policy.finished(slot.request.rid, slot.decoded)
-                finished_order.append(slot.request.rid)
-                decoded_total += slot.decoded
-            finished += len(done)
-            if progress and done:
-                progress(len(done))
-            for slot in decoding:
-                if slot not in done:
-                    self.policy.progress(slot.request.rid, slot.decoded)
-            retractions += self._retract_if_over(running)
-            peak_kv = max(peak_kv, self._kv_used)
-        return SimResult(clock, sum(r.prompt_len for r in requests), sum(r.output_len for r in requests), cached,
-                         comp_total, mem_total, iterations, retractions, order, finished_order, decoded_total,
-                         peak_kv, steps)
+                self._decode_stretch(decoding)
+        requests = self.requests
+        return SimResult(getattr(self.policy, "name", type(self.policy).__name__), self.clock,
+                         sum(r.prompt_len for r in requests), sum(r.output_len for r in requests), self.cached,
+                         self.comp_total, self.mem_total, self.iterations, self.retractions, self.peak_kv,
+                         self.capacity, self.admitted_order, self.finished, self.trace)
 
-    def _evictable(self) -> int:
-        return sum(length for length, users in self._prefixes.values() if users == 0)
-
-    def _evict(self, needed: int, keep: object = None) -> None:
-        """Free unreferenced cached prefixes, least recently used first, until ``needed`` fits."""
-        for key in list(self._prefixes):
-            if self.capacity - self._kv_used >= needed:
-                return
-            length, users = self._prefixes[key]
-            if users == 0 and key != keep:
-                del self._prefixes[key]
-                self._kv_used -= length
-
-    def _reserved(self, slot: _Running) -> float:
-        return (slot.request.output_len - slot.decoded) * self.new_token_ratio
-
-    def _admit(self, running: list[_Running], by_rid: dict[str, SimRequest]) -> list[str]:
-        reserve = sum(self._reserved(slot) for slot in running)
-        free = self.capacity - self._kv_used + self._evictable() - reserve
-        proposal = self.policy.propose(max(int(free), 0), self.max_running - len(running))
-        taken: list[str] = []
-        for offered in proposal:
-            request = by_rid[offered.rid]
-            resident = request.prefix_key in self._prefixes
-            generated = self._generated.pop(request.rid, 0)
-            need = request.prompt_len - (request.prefix_len if resident else 0) + generated + 1
-            future = (request.output_len - generated) * self.new_token_ratio
-            self._evict(need + reserve + future, keep=request.prefix_key)
-            if self.capacity - self._kv_used < need + reserve + future and running:
-                self._generated[request.rid] = generated
-                break
-            if request.prefix_key is not None:
-                if resident:
-                    self._prefixes.move_to_end(request.prefix_key)
-                    self._prefixes[request.prefix_key][1] += 1
-                else:
-                    self._prefixes[request.prefix_key] = [request.prefix_len, 1]
-                    self._kv_used += request.prefix_len
-            slot = _Running(request, request.prompt_len, decoded=generated,
-                            prefix_hit=request.prefix_len if resident else 0)
-            slot.prefill_left = request.prompt_len + generated - slot.prefix_hit
-            private = request.prompt_len + generated - (request.prefix_len if request.prefix_key is not None else 0)
-            slot.private_kv = private
-            self._kv_used += private
-            reserve += future
-            running.append(slot)
-            taken.append(request.rid)
-        self.policy.admitted(taken)
-        return taken
-
-    def _mixed_step(self, prefilling: list[_Running], decoding: list[_Running]) -> tuple[float, float, int]:
+    def _prefill_room(self, n_decode: int) -> int:
+        room = self.cfg.token_budget - n_decode
         paced = self.policy.prefill_token_budget()
-        budget = min(self.chunk_tokens, paced) if paced is not None else max(self.chunk_tokens - len(decoding), 0)
-        comp = len(decoding) * self._flops_per_token
-        hits = 0
-        for slot in prefilling:
-            if budget <= 0:
+        return max(min(room, paced) if paced is not None else room, 0)
+
+    def _reserve(self) -> float:
+        active = self.active
+        left = np.minimum(self.max_new[active] - self.decoded[active], CLIP_MAX_NEW_TOKENS)
+        return float(np.sum(left * np.where(self.exact[active], 1.0, self.ratio)))
+
+    def _admit(self, n_decode: int) -> int:
+        """Admit from the policy's proposals while prefill room, slots and KV last. Proposals are
+        asked for a few at a time: the room rarely takes more, and a long proposal is wasted work."""
+        room = self._prefill_room(n_decode) - sum(int(self.prefill_left[slot]) for slot in self.prefill_queue)
+        admitted = 0
+        while room > 0 and self.free_slots:
+            free = self.capacity - self.kv_used + self.cache.evictable - self._reserve()
+            proposal = self.policy.propose(max(int(free), 0), min(len(self.free_slots), self.cfg.proposal_size))
+            taken: list[str] = []
+            for offered in proposal:
+                if room <= 0 or not self.free_slots:
+                    break
+                i = self.index[offered.rid]
+                request = self.requests[i]
+                generated = int(self.generated[i])
+                hit = self.cache.cached_prefix(request.prefix)
+                extend = request.prompt_len - hit + generated
+                ratio = 1.0 if request.exact else self.ratio
+                reserve = min(request.max_new_tokens - generated, CLIP_MAX_NEW_TOKENS) * ratio
+                if extend + reserve > free and self.active.any():
+                    break
+                private = request.unique_len + generated
+                if not self._make_room_for(request, self.cache.pages(private)):
+                    break
+                extend = request.prompt_len - self.cache.cached_prefix(request.prefix) + generated
+                self._start(i, request, private, generated)
+                free -= extend + reserve
+                room -= extend
+                taken.append(request.rid)
+            self.policy.admitted(taken)
+            admitted += len(taken)
+            if not taken or len(taken) < len(proposal):
                 break
-            total = slot.request.prompt_len + slot.decoded
-            if slot.prefill_left == total - slot.prefix_hit:
-                hits += slot.prefix_hit
-            chunk = min(slot.prefill_left, budget)
-            done_before = total - slot.prefill_left
-            comp += chunk * self._flops_per_token + self._attn * chunk * (done_before + chunk / 2)
-            slot.prefill_left -= chunk
-            budget -= chunk
-        mem = sum(slot.request.prompt_len + slot.decoded for slot in decoding) * self._kv_read
-        return comp, mem, hits
+        return admitted
 
-    def _decode_run_length(self, decoding: list[_Running]) -> int:
-        """Steps until the first decoding request finishes or KV would run out."""
-        until_finish = min(slot.request.output_len - slot.decoded for slot in decoding)
-        room = (self.capacity - self._kv_used) // max(len(decoding), 1)
-        return max(1, min(until_finish, room))
+    def _make_room_for(self, request: SimRequest, private_pages: int) -> bool:
+        """Evict until the request's missing segments and private pages fit. Eviction may take a
+        segment of its own prefix, which it then needs again, hence the loop."""
+        while True:
+            short = self.cache.missing_tokens(request.prefix) + private_pages - (self.capacity - self.kv_used)
+            if short <= 0:
+                return True
+            if not self.cache.evict(short):
+                return False
 
-    def _decode_steps(self, decoding: list[_Running], repeat: int) -> tuple[float, float]:
-        n = len(decoding)
-        context = sum(slot.request.prompt_len + slot.decoded for slot in decoding)
-        comp = repeat * n * self._flops_per_token
-        mem = (repeat * context + n * repeat * (repeat - 1) / 2) * self._kv_read
-        return comp, mem
+    def _start(self, i: int, request: SimRequest, private: int, generated: int) -> None:
+        hit = self.cache.acquire(request.prefix)
+        if not self.seen[i]:
+            self.seen[i] = True
+            self.cached += hit
+            self.admitted_order.append(request.rid)
+        slot = self.free_slots.pop()
+        self.slot_request[slot] = i
+        self.prompt[slot] = request.prompt_len
+        self.decoded[slot] = generated
+        self.target[slot] = request.output_len
+        self.max_new[slot] = request.max_new_tokens
+        self.exact[slot] = request.exact
+        self.private[slot] = private
+        self.prefill_left[slot] = max(1, request.prompt_len + generated - hit)
+        self.done_before[slot] = request.prompt_len + generated - self.prefill_left[slot]
+        self.active[slot] = True
+        self.private_used += self.cache.pages(private)
+        self.prefill_queue.append(slot)
+        self.peak_kv = max(self.peak_kv, self.kv_used)
 
-    def _bulk_time(self, decoding: list[_Running], repeat: int) -> float:
-        n = len(decoding)
-        context = sum(slot.request.prompt_len + slot.decoded for slot in decoding)
-        comp = np.full(repeat, n * self._flops_per_token)
-        mem = (context + n * np.arange(repeat)) * self._kv_read
-        return float(np.sum(self.overlap.vector(comp, mem)))
+    def _mixed_step(self, decoding: np.ndarray) -> None:
+        engine = self.engine
+        decoding = self._make_room(decoding)
+        n_decode = int(decoding.sum())
+        room = self._prefill_room(n_decode)
+        comp = n_decode * engine._token_comp
+        while self.prefill_queue and room > 0:
+            slot = self.prefill_queue[0]
+            chunk = min(int(self.prefill_left[slot]), room)
+            before = int(self.done_before[slot])
+            comp += chunk * engine._token_comp + engine._attn_comp * chunk * (before + chunk / 2.0)
+            self.prefill_left[slot] -= chunk
+            self.done_before[slot] = before + chunk
+            room -= chunk
+            if self.prefill_left[slot] == 0:
+                self.prefill_queue.pop(0)
+        mem = float(np.sum(self.prompt[decoding] + self.decoded[decoding])) * engine._kv_read
+        self._account(1, comp, mem, engine.overlap(comp, mem))
+        self._advance(decoding, 1)
 
-    def _release(self, slot: _Running) -> None:
-        self._kv_used -= slot.private_kv
-        key = slot.request.prefix_key
-        if key is not None and key in self._prefixes:
-            self._prefixes[key][1] -= 1
+    def _decode_stretch(self, decoding: np.ndarray) -> None:
+        """Decode-only steps up to the next finish (or KV exhaustion), in closed form."""
+        engine = self.engine
+        n = int(decoding.sum())
+        headroom = self.capacity - self.kv_used
+        steps = int(np.min(self.target[decoding] - self.decoded[decoding]))
+        steps = max(1, min(steps, self.cfg.max_stretch, headroom // (n * self.cfg.page_size)))
+        if steps == 1:
+            self._mixed_step(decoding)
+            return
+        context = float(np.sum(self.prompt[decoding] + self.decoded[decoding]))
+        comp = np.full(steps, n * engine._token_comp)
+        mem = (context + n * np.arange(steps)) * engine._kv_read
+        self._account(steps, float(comp.sum()), float(mem.sum()), float(engine.overlap.vector(comp, mem).sum()))
+        self._advance(decoding, steps)
 
-    def _retract_if_over(self, running: list[_Running]) -> int:
-        retracted = 0
-        while self._kv_used > self.capacity and len(running) > 1:
-            self._evict(self._kv_used - self.capacity)
-            if self._kv_used <= self.capacity:
-                break
-            slot = running.pop()
-            self._release(slot)
-            self._generated[slot.request.rid] = slot.decoded
-            self.policy.preempted(slot.request.rid)
-            retracted += 1
-        return retracted
+    def _account(self, steps: int, comp: float, mem: float, seconds: float) -> None:
+        self.clock += seconds
+        self.comp_total += comp
+        self.mem_total += mem
+        self.iterations += steps
+        self.trace.add(steps, comp, mem)
+        self.ratio = max(MIN_NEW_TOKEN_RATIO, self.ratio - self.engine._ratio_decay * steps)
+
+    def _make_room(self, decoding: np.ndarray) -> np.ndarray:
+        """Free KV for this step's new tokens: evict cached segments, then retract requests."""
+        while True:
+            need = self._new_pages(decoding, 1)
+            short = need - (self.capacity - self.kv_used)
+            if short <= 0:
+                return decoding
+            self.cache.evict(short)
+            if self.capacity - self.kv_used >= need:
+                return decoding
+            candidates = np.flatnonzero(decoding)
+            if len(candidates) > 1:
+                order = np.lexsort((-self.prompt[candidates], self.decoded[candidates]))
+                self._retract(int(candidates[order[0]]))
+            elif self.prefill_queue:
+                self._retract(self.prefill_queue[-1])
+            else:
+                raise RuntimeError("KV capacity cannot hold a single running request")
+            decoding = decoding & self.active
+
+    def _new_pages(self, decoding: np.ndarray, steps: int) -> int:
+        """Pages the decoding requests' private KV grows by in ``steps`` tokens."""
+        private = self.private[decoding]
+        page = self.cfg.page_size
+        return int(np.sum((private + steps + page - 1) // page - (private + page - 1) // page)) * page
+
+    def _retract(self, slot: int) -> None:
+        i = int(self.slot_request[slot])
+        self.generated[i] = self.decoded[slot]
+        if slot in self.prefill_queue:
+            self.prefill_queue.remove(slot)
+        self._release(slot)
+        self.retractions += 1
+        self.ratio = INIT_NEW_TOKEN_RATIO
+        self.policy.preempted(self.requests[i].rid)
+
+    def _release(self, slot: int) -> None:
+        i = int(self.slot_request[slot])
+        self.cache.release(self.requests[i].prefix)
+        self.private_used -= self.cache.pages(int(self.private[slot]))
+        self.active[slot] = False
+        self.slot_request[slot] = -1
+        self.free_slots.append(slot)
+
+    def _advance(self, decoding: np.ndarray, steps: int) -> None:
+        self.private_used += self._new_pages(decoding, steps)
+        before = self.decoded[decoding]
+        self.private[decoding] += steps
+        self.decoded[decoding] += steps
+        self.peak_kv = max(self.peak_kv, self.kv_used)
+        slots = np.flatnonzero(decoding)
+        interval = self.cfg.progress_interval
+        crossed = slots[(before // interval) != ((before + steps) // interval)]
+        for slot in slots[self.decoded[slots] >= self.target[slots]]:
+            self._finish(int(slot))
+        for slot in crossed:
+            if self.active[slot]:
+                self.policy.progress(self.requests[int(self.slot_request[slot])].rid, int(self.decoded[slot]))
+
+    def _finish(self, slot: int) -> None:
+        i = int(self.slot_request[slot])
+        rid = self.requests[i].rid
+        if rid in self.finished:
+            raise RuntimeError(f"request {rid} finished twice")
+        self.finished[rid] = int(self.decoded[slot])
+        self._release(slot)
+        self.policy.finished(rid, self.finished[rid])
+        if self.on_finish:
+            self.on_finish(1)

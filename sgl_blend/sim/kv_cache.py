@@ -25,8 +25,7 @@ class _Node:
 
 
 class RadixKVCache:
-    def __init__(self, capacity_tokens: int, page_size: int = 1) -> None:
-        self.capacity = capacity_tokens
+    def __init__(self, page_size: int = 1) -> None:
         self.page_size = page_size
         self.used = 0
         self.evictable = 0

@@ -1,31 +1,53 @@
-"""SGLang 0.5.23's LPM as it really behaves, for the simulator's baselines.
+"""SGLang 0.5.23's LPM schedule, as an `AdmissionPolicy`, for the simulator's baseline.
 
-SGLang orders by longest prefix match only while at most 128 requests wait; above that it
-falls back to FCFS (``schedule_policy.py``), which is every moment of a bulk offline job but
-its tail. Below the threshold the prefix tree's DFS order stands in for matching each waiting
-request against the cache.
+``SchedulePolicy._determine_active_policy`` turns LPM into FCFS whenever more than
+``WAITING_QUEUE_PREFIX_MATCH_MAX = 128`` requests wait, to skip the prefix matching. In a bulk
+offline job that is every iteration but the last 128 requests: LPM is FCFS over the submission
+order until then, and only the tail is sorted by longest cached prefix, re-sorted every
+iteration. The match length here is the deepest node of the request's prompt path that an
+admitted request has put in the cache (the tree of pending prompts stands in for SGLang's radix
+cache; evictions in that short tail are ignored).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 from sgl_blend.core.planner import Plan
 from sgl_blend.core.policies import PlannedPolicy
+from sgl_blend.core.prefix_tree import Node
 
-LPM_FCFS_THRESHOLD = 128
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 
 
 class SGLangLPMPolicy(PlannedPolicy):
     name = "lpm"
-    _fcfs_plan = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._cached: set[Node] = set()
+
+    def admitted(self, rids: Iterable[str]) -> None:
+        rids = list(rids)
+        for rid in rids:
+            self._cached.update(self.tree.path(self.tree.node_of[self._index[rid]]))
+        super().admitted(rids)
+
+    def _matching(self) -> bool:
+        return len(self._pending) <= WAITING_QUEUE_PREFIX_MATCH_MAX
 
     def _needs_plan(self) -> bool:
-        """Re-plan once the queue drops to the threshold, where SGLang switches to matching."""
-        return super()._needs_plan() or (self._fcfs_plan and len(self._pending) <= LPM_FCFS_THRESHOLD)
+        return super()._needs_plan() or (self._matching() and bool(self._pending))
+
+    def _match_len(self, index: int) -> int:
+        node = self.tree.node_of[index]
+        while node is not None and node not in self._cached:
+            node = node.parent
+        return node.prefix_len() if node is not None else 0
 
     def _order(self, include: Callable[[int], bool]) -> Plan:
-        pending = [index for index in self._arrival if index in self._requests and include(index)]
-        self._fcfs_plan = len(pending) > LPM_FCFS_THRESHOLD
-        order = pending if self._fcfs_plan else [index for index in self.tree.dfs_order() if include(index)]
+        self._arrival = [index for index in self._arrival if index in self._requests]
+        order = [index for index in self._arrival if include(index)]
+        if self._matching():
+            order.sort(key=self._match_len, reverse=True)
         return Plan(order, len(order), 0.0, 0, 1.0)

@@ -8,50 +8,127 @@ import pytest
 
 from bench.workloads.mixer import mix
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
-from sgl_blend.sim.overlap import overlap_function
-from sgl_blend.sim.run import SIM_POLICIES, simulate, workload_bound
-from sgl_blend.sim.workload import SimRequest
+from sgl_blend.sim.engine import EngineConfig, SimEngine
+from sgl_blend.sim.kv_cache import RadixKVCache
+from sgl_blend.sim.metrics import workload_bound
+from sgl_blend.sim.overlap import fit_overlap, overlap_function
+from sgl_blend.sim.run import SIM_POLICIES, make_sim_policy, simulate
+from sgl_blend.sim.workload import SimRequest, chain_hash
 
 MODEL = model_spec("llama-3.1-8b")
 HARDWARE = HardwareSpec.resolve("a100-80g")
 COST = CostModel(MODEL, HARDWARE)
+INTERFERENCE = overlap_function("interference")
 
 
-def small_mix(n: int = 600, seed: int = 0) -> list[SimRequest]:
-    requests = mix(n, 1.1, 0.25, COST, seed)
-    return [SimRequest(r.rid, r.prefix_key, r.prefix_len, r.unique_len, min(r.output_len, 2048),
-                       min(r.output_len, 2048), r.exact, r.source) for r in requests]
+def small_mix(n: int = 500, seed: int = 0) -> list[SimRequest]:
+    """A mixed workload with outputs capped so a test runs in a second."""
+    return [SimRequest(r.rid, r.source, r.prefix, r.unique_len, min(r.output_len, 1500),
+                       min(r.output_len, 1500) if r.exact else r.max_new_tokens, r.exact)
+            for r in mix(n, 1.1, 0.25, COST, seed)]
+
+
+class CheckedEngine(SimEngine):
+    """Asserts after every iteration that KV use never exceeds capacity."""
+
+    def run(self, requests, on_finish=None):
+        from sgl_blend.sim import engine as engine_module
+
+        original = engine_module._Run._account
+
+        def account(run, *args):
+            assert run.kv_used <= run.capacity
+            original(run, *args)
+
+        engine_module._Run._account = account
+        try:
+            return super().run(requests, on_finish)
+        finally:
+            engine_module._Run._account = original
 
 
 @pytest.mark.parametrize("policy", SIM_POLICIES)
 def test_every_request_completes_once_within_kv_capacity(policy: str) -> None:
     requests = small_mix()
-    result = simulate(requests, policy, MODEL, HARDWARE, overlap_function("interference"), kv_capacity=60000)
-    rids = [r.rid for r in requests]
-    assert sorted(result.finished_order) == sorted(rids)
-    assert sorted(set(result.admitted_order)) == sorted(rids)
-    assert result.peak_kv <= 60000
-    assert result.decoded_tokens == sum(r.output_len for r in requests)
+    engine = CheckedEngine(COST, make_sim_policy(policy, MODEL, HARDWARE), INTERFERENCE,
+                           EngineConfig(kv_capacity=40000))
+    result = engine.run(requests)
+    assert sorted(result.finished) == sorted(r.rid for r in requests)
+    assert result.peak_kv <= 40000
+    assert result.finished == {r.rid: r.output_len for r in requests}
+    assert result.prompt_tokens == sum(r.prompt_len for r in requests)
+    assert result.output_tokens == sum(r.output_len for r in requests)
+    assert sum(result.trace.steps) == result.iterations
+
+
+@pytest.mark.parametrize("policy", SIM_POLICIES)
+def test_admission_order_is_a_permutation(policy: str) -> None:
+    requests = small_mix(300, seed=1)
+    result = simulate(requests, policy, MODEL, HARDWARE, INTERFERENCE, config=EngineConfig(kv_capacity=30000))
+    assert len(result.admitted_order) == len(requests)
+    assert sorted(result.admitted_order) == sorted(r.rid for r in requests)
 
 
 def test_sum_overlap_without_sharing_equals_the_cost_model_sum() -> None:
     rng = random.Random(0)
-    requests = [SimRequest(f"r{i}", None, 0, rng.randrange(50, 800), out := rng.randrange(200, 2000), out)
+    requests = [SimRequest(f"r{i}", "t", (), rng.randrange(50, 800), out := rng.randrange(200, 2000), out, True)
                 for i in range(300)]
     result = simulate(requests, "fcfs", MODEL, HARDWARE, overlap_function("sum"))
-    bound = workload_bound(requests, COST)
-    assert result.seconds == pytest.approx(bound["t_comp"] + bound["t_mem"], rel=0.01)
+    bound = workload_bound(requests, COST, overlap_function("sum"))
+    assert result.retractions == 0
+    assert result.seconds == pytest.approx(bound.t_comp + bound.t_mem, rel=0.01)
 
 
 def test_same_seed_same_result() -> None:
     requests = small_mix(300, seed=3)
-    first = simulate(requests, "blendserve", MODEL, HARDWARE, overlap_function("max"), kv_capacity=30000)
-    second = simulate(requests, "blendserve", MODEL, HARDWARE, overlap_function("max"), kv_capacity=30000)
-    assert first.seconds == second.seconds and first.admitted_order == second.admitted_order
+    config = EngineConfig(kv_capacity=30000)
+    first = simulate(requests, "blendserve", MODEL, HARDWARE, INTERFERENCE, seed=5, config=config)
+    second = simulate(requests, "blendserve", MODEL, HARDWARE, INTERFERENCE, seed=5, config=config)
+    assert first.seconds == second.seconds
+    assert first.admitted_order == second.admitted_order
+    assert list(first.trace.comp) == list(second.trace.comp)
 
 
 def test_retraction_under_memory_pressure_still_completes_everything() -> None:
-    requests = [SimRequest(f"r{i}", None, 0, 100, 3000, 3000) for i in range(40)]
-    result = simulate(requests, "fcfs", MODEL, HARDWARE, overlap_function("max"), kv_capacity=20000)
-    assert sorted(result.finished_order) == sorted(r.rid for r in requests)
-    assert result.peak_kv <= 20000
+    # Not ignore_eos: admission reserves only the new-token ratio of the output, so KV overcommits.
+    requests = [SimRequest(f"r{i}", "t", (), 100, 3000, 3000, False) for i in range(40)]
+    engine = CheckedEngine(COST, make_sim_policy("fcfs", MODEL, HARDWARE), overlap_function("max"),
+                           EngineConfig(kv_capacity=20000))
+    result = engine.run(requests)
+    assert result.retractions > 0
+    assert result.finished == {r.rid: 3000 for r in requests}
+
+
+def test_dfs_keeps_the_maximal_sharing_that_random_order_loses() -> None:
+    requests = small_mix(600, seed=2)
+    config = EngineConfig(kv_capacity=30000)
+    dfs = simulate(requests, "dfs", MODEL, HARDWARE, INTERFERENCE, config=config)
+    bound = workload_bound(requests, COST, INTERFERENCE)
+    assert dfs.sharing_ratio == pytest.approx(bound.sharing, rel=0.02)
+    assert dfs.seconds >= bound.t_o
+
+
+def test_radix_cache_evicts_unreferenced_segments_children_first() -> None:
+    cache = RadixKVCache(page_size=16)
+    parent = (chain_hash("", "sys"), 20)
+    child = (chain_hash(parent[0], "shot"), 40)
+    assert cache.acquire((parent, child)) == 0
+    assert cache.used == 32 + 48
+    assert cache.acquire((parent, child)) == 60
+    cache.release((parent, child))
+    assert cache.evictable == 0
+    cache.release((parent, child))
+    assert cache.evictable == 80
+    assert cache.evict(1) == 48
+    assert cache.cached_prefix((parent, child)) == 20
+    assert cache.acquire((parent,)) == 20
+    assert cache.evict(100) == 0
+
+
+def test_fitted_overlap_recovers_its_coefficients() -> None:
+    rng = random.Random(0)
+    samples = []
+    for _ in range(50):
+        comp, mem = rng.random(), rng.random()
+        samples.append((comp, mem, 1.0 * max(comp, mem) + 0.3 * min(comp, mem) + 0.01))
+    assert fit_overlap(samples) == pytest.approx((1.0, 0.3, 0.01), abs=1e-9)
