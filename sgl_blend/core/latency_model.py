@@ -150,11 +150,15 @@ def model_from_dict(data: dict[str, Any]) -> LatencyModel:
 
 
 def _least_squares(rows: list[list[float]], times: Sequence[float]) -> np.ndarray:
-    """Least squares with column scaling: S_p² and a constant column differ by ~10⁷."""
-    matrix = np.asarray(rows, dtype=float)
+    """Least squares on relative error (each row divided by its time), since batches span
+    milliseconds to seconds and the score is a percentage error; columns are scaled because
+    S_p² and a constant column differ by ~10⁷."""
+    target = np.asarray(times, dtype=float)
+    weight = 1.0 / np.maximum(target, 1e-9)
+    matrix = np.asarray(rows, dtype=float) * weight[:, None]
     scale = np.abs(matrix).max(axis=0)
     scale[scale == 0] = 1.0
-    solution, *_ = np.linalg.lstsq(matrix / scale, np.asarray(times, dtype=float), rcond=None)
+    solution, *_ = np.linalg.lstsq(matrix / scale, target * weight, rcond=None)
     return solution / scale
 
 
