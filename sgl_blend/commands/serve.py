@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+from sgl_blend.colocation_cli import add_colocation_arguments
+
 NAME = "serve"
 HELP = __doc__.splitlines()[0]
 
@@ -19,14 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detach", action="store_true",
                         help="return once /health is 200 and leave the server running (prints its pid)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /health")
-    parser.add_argument("--offline-policy", choices=("blendserve", "dfs", "fcfs", "random", "off"),
+    parser.add_argument("--offline-policy", choices=("blendserve", "dfs", "fcfs", "random", "psm", "off"),
                         default="blendserve", help="order of offline work (batch lines) in the scheduler")
     parser.add_argument("--hardware", default=None,
                         help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200) or an `sgl-blend profile` JSON")
+    add_colocation_arguments(parser)
     parser.set_defaults(accepts_extra_args=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    from sgl_blend.colocation_cli import colocation_server_settings
     from sgl_blend.serve import ServerStartError, serve_forever, start_server
 
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
@@ -34,7 +38,13 @@ def run(args: argparse.Namespace) -> int:
 
     env = {POLICY_ENV: args.offline_policy, **({HARDWARE_ENV: args.hardware} if args.hardware else {})}
     try:
-        server = start_server(args.model, args.extra_args, cache_dir=args.cache_dir, log_path=args.log_file,
+        sglang_args, colocation_env = colocation_server_settings(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    env.update(colocation_env)
+    try:
+        server = start_server(args.model, sglang_args, cache_dir=args.cache_dir, log_path=args.log_file,
                               ready_timeout_s=args.ready_timeout, extra_env=env)
     except (ServerStartError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -63,6 +63,10 @@ class ColocationConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value >= 0):
                 raise ValueError(f"{name} must be a non-negative number of seconds or null, got {value!r}")
+        if not (isinstance(self.min_offline_chunk, int) and self.min_offline_chunk >= 1):
+            raise ValueError(f"min_offline_chunk must be a positive token count, got {self.min_offline_chunk!r}")
+        if not (self.reserve_sigmas >= 0 and self.reserve_window_s > 0):
+            raise ValueError("reserve_sigmas must be >= 0 and reserve_window_s > 0")
         if self.mode == "echo" and (self.ttft_slo_s is None or self.tpot_slo_s is None):
             raise ValueError("echo mode needs ttft_slo_s and tpot_slo_s (its per-token deadlines)")
         if self.needs_model() and self.latency_model is None:

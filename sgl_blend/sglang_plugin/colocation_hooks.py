@@ -31,7 +31,11 @@ from sgl_blend.offline import is_offline
 
 logger = logging.getLogger(__name__)
 KEPT_RESUMES = 256
+SETTING_PREFIX = "sgl_blend_"
 RESET_RECORDS = "reset_records"
+CLEAR_BUDGET = "clear_latency_budget"
+NUMERIC_SETTINGS = ("latency_budget_s", "ttft_slo_s", "tpot_slo_s", "idle_budget_s", "reserve_sigmas",
+                    "reserve_window_s", "min_offline_chunk")
 
 
 class ColocationState:
@@ -159,8 +163,8 @@ def _plan(scheduler: Any, batch: Any) -> IterationPlan:
 
 
 @guarded()
-def before_prefill(scheduler: Any, running_batch: Any) -> dict[str, Any] | None:
-    """Online first, then the iteration's plan; returns the plan's summary for the record."""
+def before_prefill(scheduler: Any, running_batch: Any) -> None:
+    """Online first, then the iteration's plan."""
     waiting_online = sum(1 for req in scheduler.waiting_queue if not is_offline(req.routing_key))
     if waiting_online:
         chunked = scheduler.chunked_req
@@ -174,24 +178,26 @@ def before_prefill(scheduler: Any, running_batch: Any) -> dict[str, Any] | None:
         short = waiting_online - slots
         if short > 0:
             _park_running(scheduler, running_batch, _offline_newest_first(running_batch)[:short], "slots_reclaimed")
-    return _plan(scheduler, running_batch).summary()
+    _plan(scheduler, running_batch)
 
 
 @guarded()
-def before_decode(scheduler: Any, batch: Any) -> dict[str, Any] | None:
+def before_decode(scheduler: Any, batch: Any) -> None:
     """The decode iteration's plan; offline decodes give way first when KV runs out."""
-    plan = _plan(scheduler, batch)
+    _plan(scheduler, batch)
     while not batch.check_decode_mem():
         victims = _offline_newest_first(batch)
         if not victims or len(batch.reqs) == 1:
             break
         _park_running(scheduler, batch, victims[:1], "memory_reclaimed")
+
+
+def end_iteration() -> dict[str, Any] | None:
+    """Drop the plan once SGLang has built its batch; returns what it spent, for the record."""
+    if _state is None or _state.plan is None:
+        return None
+    plan, _state.plan = _state.plan, None
     return plan.summary()
-
-
-def end_iteration() -> None:
-    if _state is not None:
-        _state.plan = None
 
 
 @guarded()
@@ -289,39 +295,43 @@ def _reclaim_memory(adder: Any, req: Any) -> bool:
     return True
 
 
-def update_handler(current: Callable[[], ColocationConfig]) -> tuple[Callable[[str, Any], None], Callable[[str, Any], None]]:
-    """Validate/apply functions for ``POST /set_internal_state {"server_args": {"sgl_blend": {...}}}``:
-    any `ColocationConfig` field, plus ``reset_records`` to clear the per-iteration record."""
+def update_handlers(current: Callable[[], ColocationConfig]) -> dict[str, tuple[Callable, Callable]]:
+    """Validate/apply pairs for ``POST /set_internal_state {"server_args": {...}}``. SGLang takes only
+    numbers there, so each numeric `ColocationConfig` field is a key of its own
+    (``sgl_blend_latency_budget_s``), ``sgl_blend_clear_latency_budget: 1`` removes the budget and
+    ``sgl_blend_reset_records: 1`` clears the per-iteration record. The mode and the latency model
+    are launch settings."""
     from sglang.srt.managers.scheduler_components.internal_state import UpdateRejected
 
-    def validate(_key: str, value: Any) -> None:
-        if not isinstance(value, dict):
-            raise UpdateRejected("sgl_blend settings must be a JSON object")
-        changes = {k: v for k, v in value.items() if k != RESET_RECORDS}
+    def change(key: str, value: Any) -> dict[str, Any]:
+        field = key[len(SETTING_PREFIX):]
+        if field == CLEAR_BUDGET:
+            return {"latency_budget_s": None}
+        return {field: int(value) if field == "min_offline_chunk" else float(value)}
+
+    def validate(key: str, value: Any) -> None:
         try:
-            current().updated(changes)
+            current().updated(change(key, value))
         except (TypeError, ValueError) as error:
-            raise UpdateRejected(f"sgl_blend: {error}") from None
+            raise UpdateRejected(f"{key}: {error}") from None
 
-    def apply(_key: str, value: Any) -> None:
+    def apply(key: str, value: Any) -> None:
         global _state
-        changes = {k: v for k, v in value.items() if k != RESET_RECORDS}
-        if value.get(RESET_RECORDS):
-            from sgl_blend.sglang_plugin.scheduler_hooks import reset_records
-
-            reset_records()
-        if not changes:
-            return
-        config = current().updated(changes)
-        if not config.enabled:
-            _state = None
-        elif _state is None:
+        config = current().updated(change(key, value))
+        if _state is not None:
+            _state.controller.reconfigure(change(key, value))
+        elif config.enabled:
             _state = ColocationState(config)
-        else:
-            _state.controller.reconfigure(changes)
         logger.info("sgl-blend co-location now %s", config.to_json())
 
-    return validate, apply
+    def reset(_key: str, _value: Any) -> None:
+        from sgl_blend.sglang_plugin.scheduler_hooks import reset_records
+
+        reset_records()
+
+    handlers = {SETTING_PREFIX + field: (validate, apply) for field in (*NUMERIC_SETTINGS, CLEAR_BUDGET)}
+    handlers[SETTING_PREFIX + RESET_RECORDS] = (lambda _key, _value: None, reset)
+    return handlers
 
 
 def current_config() -> ColocationConfig:

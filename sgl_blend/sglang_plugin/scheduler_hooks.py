@@ -11,7 +11,7 @@
 - An AROUND hook on ``Scheduler.run_batch`` keeps the per-iteration record; an AFTER hook on
   ``process_batch_result`` reports progress and completions to the offline pool.
 - An AFTER hook on ``Scheduler._add_request_to_queue`` notes when online requests arrive.
-- An AFTER hook on the internal-state controller's update handlers accepts ``sgl_blend``
+- An AFTER hook on the internal-state controller's update handlers accepts ``sgl_blend_*``
   settings through ``POST /set_internal_state`` (the SLO profiler moves the budget this way).
 
 The pool lives in the scheduler process and is created on first use, from the environment that
@@ -181,19 +181,19 @@ def _after_add_to_queue(result: Any, scheduler: Any, req: Any, is_retracted: boo
 
 def _around_prefill(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     running_batch = kwargs["running_batch"] if "running_batch" in kwargs else args[-1]
-    _record_plan(colocation.before_prefill(scheduler, running_batch))
+    colocation.before_prefill(scheduler, running_batch)
     try:
         return original(scheduler, *args, **kwargs)
     finally:
-        colocation.end_iteration()
+        _record_plan(colocation.end_iteration())
 
 
 def _around_decode(original: Callable, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-    _record_plan(colocation.before_decode(scheduler, batch))
+    colocation.before_decode(scheduler, batch)
     try:
         return original(scheduler, batch, *args, **kwargs)
     finally:
-        colocation.end_iteration()
+        _record_plan(colocation.end_iteration())
 
 
 def _around_run_batch(original: Callable, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -209,10 +209,11 @@ def _after_batch_result(result: Any, _scheduler: Any, batch: Any, *_args: Any, *
     return result
 
 
-def _with_update_handler(handlers: dict, *_args: Any, **_kwargs: Any) -> dict:
+def _with_update_handlers(handlers: dict, *_args: Any, **_kwargs: Any) -> dict:
     from sglang.srt.managers.scheduler_components.internal_state import _UpdateHandler
 
-    handlers[STATE_KEY] = _UpdateHandler(*colocation.update_handler(colocation.current_config))
+    for key, (validate, apply) in colocation.update_handlers(colocation.current_config).items():
+        handlers[key] = _UpdateHandler(validate, apply)
     return handlers
 
 
@@ -282,5 +283,5 @@ def register_scheduler_hooks() -> None:
     HookRegistry.register(f"{SCHEDULER}._add_request_to_queue", _after_add_to_queue, HookType.AFTER)
     HookRegistry.register(
         "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._update_handlers",
-        _with_update_handler, HookType.AFTER,
+        _with_update_handlers, HookType.AFTER,
     )
