@@ -7,10 +7,11 @@ backend (Echo's priorities, the BlendServe annotations). A flag the user gives w
 
 from __future__ import annotations
 
+import socket
 from typing import Sequence
 
 from sgl_blend.core.colocation import ENV_VAR, ColocationConfig
-from sgl_blend.launch_args import with_defaults
+from sgl_blend.launch_args import given_flags, with_defaults
 
 COLOCATION_FLAGS: tuple[tuple[str, str | None], ...] = (
     ("--enable-mixed-chunk", None),
@@ -28,3 +29,13 @@ def colocation_launch(config: ColocationConfig, sglang_args: Sequence[str] = (),
         env[LOG_ENV] = iteration_log
     args = with_defaults(list(sglang_args), COLOCATION_FLAGS) if config.enabled else list(sglang_args)
     return args, env
+
+
+def with_free_port(sglang_args: Sequence[str]) -> list[str]:
+    """``sglang_args`` plus ``--port`` on a free port unless one is given: a tool that starts its own
+    server must never find another server on SGLang's default port and talk to that instead."""
+    if "--port" in given_flags(sglang_args):
+        return list(sglang_args)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return [*sglang_args, "--port", str(sock.getsockname()[1])]

@@ -23,6 +23,7 @@ from typing import Any, Iterator, Sequence
 import aiohttp
 
 from sgl_blend.core.latency_model import BatchShape, FitReport, fit_forms
+from sgl_blend.online_replay import fresh_connections
 
 DECODE_STEPS = 48
 DECODER_HEAD_START_S = 0.15
@@ -94,7 +95,7 @@ async def _run_point(session: aiohttp.ClientSession, point: GridPoint, prompts: 
 async def drive_grid(base_url: str, points: Sequence[GridPoint], vocab_size: int, seed: int = 0,
                      repeats: int = 1) -> None:
     prompts = _Prompts(vocab_size, seed)
-    async with aiohttp.ClientSession(base_url, timeout=aiohttp.ClientTimeout(total=600)) as session:
+    async with fresh_connections(base_url) as session:
         for _ in range(repeats):
             for point in points:
                 await _run_point(session, point, prompts)
@@ -128,7 +129,7 @@ def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int 
                     sglang_args: Sequence[str] = (), cache_dir: Path | None = None) -> dict[str, Any]:
     """Start a server, run the grid ``repeats`` times, fit, and write the report to ``out``
     (and the raw per-iteration records beside it, ``<out>.records.jsonl``)."""
-    from sgl_blend.colocation_launch import COLOCATION_FLAGS
+    from sgl_blend.colocation_launch import COLOCATION_FLAGS, with_free_port
     from sgl_blend.launch_args import with_defaults
     from sgl_blend.models.registry import resolve_model_path
     from sgl_blend.serve import start_server
@@ -140,7 +141,7 @@ def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int 
     records_path.unlink(missing_ok=True)
     vocab_size = int(json.loads((resolve_model_path(model, cache_dir) / "config.json").read_text())["vocab_size"])
     points = latency_grid(quick)
-    args = with_defaults(list(sglang_args), COLOCATION_FLAGS)
+    args = with_defaults(with_free_port(sglang_args), COLOCATION_FLAGS)
     server = start_server(model, args, cache_dir=cache_dir, log_path=out.with_suffix(".server.log"),
                           extra_env={LOG_ENV: str(records_path), POLICY_ENV: OFF})
     try:

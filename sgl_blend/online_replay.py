@@ -29,6 +29,13 @@ from sgl_blend.offline import offline_headers
 OFFLINE_JOB = "colocation-load"
 
 
+def fresh_connections(base_url: str, **options: Any) -> aiohttp.ClientSession:
+    """A session that opens a connection per request: reusing one that the server's keep-alive
+    timer is closing at that moment fails the request ("Cannot write to closing transport")."""
+    return aiohttp.ClientSession(base_url, connector=aiohttp.TCPConnector(force_close=True, limit=0),
+                                 timeout=aiohttp.ClientTimeout(total=None), **options)
+
+
 @dataclass(frozen=True)
 class OnlineRequest:
     t: float
@@ -68,9 +75,11 @@ def write_trace(path: Path, requests: Iterable[OnlineRequest]) -> Path:
     return path
 
 
-async def _stream_one(session: aiohttp.ClientSession, request: OnlineRequest, timing: RequestTiming) -> None:
+async def _stream_one(session: aiohttp.ClientSession, request: OnlineRequest, timing: RequestTiming,
+                      priority: int | None) -> None:
     body = {"text": request.prompt, "stream": True,
-            "sampling_params": {"max_new_tokens": request.max_tokens, "temperature": 0, "ignore_eos": True}}
+            "sampling_params": {"max_new_tokens": request.max_tokens, "temperature": 0, "ignore_eos": True},
+            **({"priority": priority} if priority is not None else {})}
     last = timing.sent_at
     try:
         async with session.post("/generate", json=body) as response:
@@ -98,19 +107,20 @@ async def _stream_one(session: aiohttp.ClientSession, request: OnlineRequest, ti
         timing.error = str(error)
 
 
-async def replay(base_url: str, trace: Sequence[OnlineRequest], time_scale: float = 1.0) -> list[RequestTiming]:
-    """Send the trace on time (``time_scale`` stretches it) and wait for every answer."""
+async def replay(base_url: str, trace: Sequence[OnlineRequest], priority: int | None = None) -> list[RequestTiming]:
+    """Send the trace on time and wait for every answer; ``priority`` is SGLang's request
+    priority, for a server run with ``--enable-priority-scheduling``."""
     timings: list[RequestTiming] = []
-    async with aiohttp.ClientSession(base_url, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    async with fresh_connections(base_url) as session:
         start = time.perf_counter()
         tasks = []
         for request in trace:
-            delay = start + request.t * time_scale - time.perf_counter()
+            delay = start + request.t - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             timing = RequestTiming(sent_at=time.perf_counter())
             timings.append(timing)
-            tasks.append(asyncio.create_task(_stream_one(session, request, timing)))
+            tasks.append(asyncio.create_task(_stream_one(session, request, timing, priority)))
         await asyncio.gather(*tasks)
     return timings
 
@@ -131,11 +141,12 @@ class OfflineLoad:
     """Offline requests from batch lines, sent as offline work, closed loop or at a fixed rate."""
 
     def __init__(self, base_url: str, lines: Sequence[BatchLine], *, concurrency: int = 64,
-                 rate_per_s: float | None = None) -> None:
+                 rate_per_s: float | None = None, priority: int | None = None) -> None:
         if not lines:
             raise ValueError("the offline load needs at least one batch line")
         self.base_url = base_url
         self.lines = lines
+        self.priority = priority
         self.concurrency = concurrency
         self.rate_per_s = rate_per_s
         self.completions: list[tuple[float, int]] = []
@@ -144,8 +155,9 @@ class OfflineLoad:
         self.started_at = 0.0
 
     async def _send(self, session: aiohttp.ClientSession, line: BatchLine) -> None:
+        body = line.body if self.priority is None else {**line.body, "priority": self.priority}
         try:
-            async with session.post(line.url, json=line.body) as response:
+            async with session.post(line.url, json=body) as response:
                 body = await response.json(content_type=None)
                 if response.status != 200:
                     self.errors += 1
@@ -156,8 +168,7 @@ class OfflineLoad:
         self.completions.append((time.perf_counter(), int((body.get("usage") or {}).get("completion_tokens", 0))))
 
     async def _run(self) -> None:
-        async with aiohttp.ClientSession(self.base_url, headers=offline_headers(OFFLINE_JOB),
-                                         timeout=aiohttp.ClientTimeout(total=None)) as session:
+        async with fresh_connections(self.base_url, headers=offline_headers(OFFLINE_JOB)) as session:
             window = asyncio.Semaphore(self.concurrency)
             pending: set[asyncio.Task] = set()
             index = 0
@@ -191,7 +202,8 @@ class OfflineLoad:
 
 
 async def replay_with_offline(base_url: str, trace: Sequence[OnlineRequest], offline: OfflineLoad | None,
-                              warmup_s: float = 2.0) -> tuple[list[RequestTiming], dict[str, float]]:
+                              warmup_s: float = 2.0, priority: int | None = None,
+                              ) -> tuple[list[RequestTiming], dict[str, float]]:
     """Replay ``trace`` while ``offline`` keeps the engine busy; returns the online timings and the
     offline output throughput over the replay window."""
     if offline is not None:
@@ -199,11 +211,11 @@ async def replay_with_offline(base_url: str, trace: Sequence[OnlineRequest], off
         await asyncio.sleep(warmup_s)
     start = time.perf_counter()
     try:
-        timings = await replay(base_url, trace)
+        timings = await replay(base_url, trace, priority)
     finally:
         end = time.perf_counter()
         if offline is not None:
             await offline.stop()
     tokens = offline.tokens_between(start, end) if offline is not None else 0
     return timings, {"offline_tokens": tokens, "offline_tokens_per_s": tokens / max(end - start, 1e-9),
-                     "window_s": end - start}
+                     "window_s": end - start, "start": start}

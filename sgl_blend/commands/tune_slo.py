@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     trace, lines, model = settings
-    from sgl_blend.colocation_launch import colocation_launch
+    from sgl_blend.colocation_launch import colocation_launch, with_free_port
     from sgl_blend.core.colocation import ColocationConfig
     from sgl_blend.serve import ServerStartError, start_server
     from sgl_blend.slo_profiler import tune_budget
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     server = None
     base_url = args.url
     if base_url is None:
-        sglang_args, env = colocation_launch(ColocationConfig(mode="hygen", latency_model=model), args.extra_args)
+        sglang_args, env = colocation_launch(ColocationConfig(mode="hygen", latency_model=model),
+                                             with_free_port(args.extra_args))
         try:
             server = start_server(args.model, sglang_args, extra_env=env, log_path=args.out.with_suffix(".server.log"))
         except (ServerStartError, FileNotFoundError) as error:

@@ -28,6 +28,7 @@ from sgl_blend.core.colocation import (
     ColocationConfig, ColocationController, IterationPlan, IterationView, RunningRequest, WaitingOnline,
 )
 from sgl_blend.offline import is_offline
+from sgl_blend.sglang_plugin.guard import guard
 
 logger = logging.getLogger(__name__)
 KEPT_RESUMES = 256
@@ -54,7 +55,6 @@ class ColocationState:
 
 
 _state: ColocationState | None = None
-_failed = False
 
 
 def active_colocation() -> ColocationState | None:
@@ -62,38 +62,24 @@ def active_colocation() -> ColocationState | None:
 
 
 def start_from_env() -> None:
-    global _state, _failed
+    global _state
     try:
         config = ColocationConfig.from_env()
     except ValueError:
         logger.exception("sgl-blend co-location settings are invalid; SGLang schedules on its own")
-        _failed = True
         return
     _state = ColocationState(config) if config.enabled else None
 
 
 def disable_after_error() -> None:
-    global _state, _failed
-    logger.exception("sgl-blend co-location failed; falling back to SGLang's own scheduling")
-    _state, _failed = None, True
+    global _state
+    _state = None
 
 
 def guarded(fallback: Any = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Run a step only while co-location is active; on error disable it and return ``fallback``."""
-
-    def wrap(step: Callable[..., Any]) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if _state is None:
-                return fallback
-            try:
-                return step(*args, **kwargs)
-            except Exception:
-                disable_after_error()
-                return fallback
-
-        return run
-
-    return wrap
+    return guard(lambda: _state, disable_after_error,
+                 "sgl-blend co-location failed; falling back to SGLang's own scheduling", fallback)
 
 
 def _remaining_output(req: Any) -> int:

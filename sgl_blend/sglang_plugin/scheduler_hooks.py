@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import colocation_hooks as colocation
+from sgl_blend.sglang_plugin.guard import guard
 from sgl_blend.sglang_plugin.iteration_log import IterationRecorder
 from sgl_blend.sglang_plugin.offline_pool import OfflinePool
 
@@ -59,39 +60,19 @@ def reset_records() -> None:
         _recorder = IterationRecorder.from_env()
 
 
-def _guarded(step: Callable[..., Any]) -> Callable[..., Any]:
-    """A plugin error must never take the scheduler down: log it once, drop the pool, and let
-    SGLang schedule everything (offline requests included) its own way from then on."""
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        global _pool, _failed
-        if _pool is None:
-            return None
-        try:
-            return step(*args, **kwargs)
-        except Exception:
-            logger.exception("sgl-blend offline pool failed; falling back to SGLang's own scheduling")
-            _pool, _failed = None, True
-            return None
-
-    return run
+def _drop_pool() -> None:
+    global _pool, _failed
+    _pool, _failed = None, True
 
 
-def _recording(step: Callable[..., Any]) -> Callable[..., Any]:
-    """The per-iteration record is observation only: an error stops recording, nothing else."""
+def _stop_recording() -> None:
+    global _recorder
+    _recorder = None
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        global _recorder
-        if _recorder is None:
-            return None
-        try:
-            return step(*args, **kwargs)
-        except Exception:
-            logger.exception("sgl-blend per-iteration record failed; recording stops")
-            _recorder = None
-            return None
 
-    return run
+_guarded = guard(lambda: _pool, _drop_pool,
+                 "sgl-blend offline pool failed; falling back to SGLang's own scheduling")
+_recording = guard(lambda: _recorder, _stop_recording, "sgl-blend per-iteration record failed; recording stops")
 
 
 def _free_kv_tokens(tree_cache: Any) -> int:
@@ -253,6 +234,7 @@ def _blend_prefill_adder_class() -> type:
                     return colocation.add_offline(self, req, has_chunked_req, add)
                 return colocation.add_online(self, req, add)
             except Exception:
+                logger.exception("sgl-blend co-location failed; falling back to SGLang's own scheduling")
                 colocation.disable_after_error()
                 return self.budget_state() if self.can_run_list and self.can_run_list[-1] is req else add()
 
