@@ -40,23 +40,23 @@ class GridPoint:
     prefix: int = 0
 
 
-def latency_grid(quick: bool = False, max_context: int = 2048) -> list[GridPoint]:
-    """Prefill-only, decode-only and mixed compositions; ``quick`` is a coarse subset."""
-    prefill_lens = (32, 256, 1024) if quick else (16, 64, 128, 256, 512, 1024, 2048)
-    prefill_counts = (1, 4) if quick else (1, 2, 4, 8)
-    decoder_counts = (1, 8, 32) if quick else (1, 4, 8, 16, 32, 64)
-    contexts = (64, 1024) if quick else (64, 256, 1024, 2048)
+def latency_grid(quick: bool = False) -> list[GridPoint]:
+    """Prefill-only, decode-only and mixed compositions, sized for the batches a co-located CPU
+    server runs (a GPU profile wants larger ones: pass a longer grid through the library);
+    ``quick`` is a coarse subset."""
+    prefill_lens = (32, 256, 1024) if quick else (16, 64, 256, 512, 1024, 2048)
+    prefill_counts = (1, 4) if quick else (1, 2, 4)
+    decoder_counts = (1, 8, 32) if quick else (1, 4, 16, 32)
+    contexts = (64, 1024) if quick else (64, 256, 1024)
     points = [GridPoint(0, 0, count, length) for count, length in itertools.product(prefill_counts, prefill_lens)
-              if count * length <= 4 * max_context]
+              if count * length <= 4096]
     points += [GridPoint(0, 0, count, length, prefix) for count, length, prefix in
-               itertools.product((1, 4), (32, 256), (256, 1024) if not quick else (512,))]
-    points += [GridPoint(count, context, 0, 0) for count, context in itertools.product(decoder_counts, contexts)
-               if context <= max_context]
-    mixed_prefill = ((1, 64), (1, 512), (4, 256)) if quick else ((1, 32), (1, 256), (1, 1024), (4, 128), (4, 512))
+               itertools.product((1, 4), (32, 256), (512,) if quick else (256, 1024))]
+    points += [GridPoint(count, context, 0, 0) for count, context in itertools.product(decoder_counts, contexts)]
+    mixed_decoders = ((4, 256), (16, 512), (32, 64)) if quick else ((4, 256), (8, 1024), (16, 512), (32, 64))
+    mixed_prefills = ((1, 64), (1, 512), (4, 256)) if quick else ((1, 32), (1, 256), (1, 1024), (4, 256))
     points += [GridPoint(count, context, prefills, length)
-               for (count, context), (prefills, length) in
-               itertools.product(((4, 256), (16, 512), (32, 64)) if quick else
-                                 ((4, 256), (8, 1024), (16, 512), (32, 64), (32, 1024)), mixed_prefill)]
+               for (count, context), (prefills, length) in itertools.product(mixed_decoders, mixed_prefills)]
     return points
 
 
@@ -125,7 +125,7 @@ def fit_records(records: Sequence[dict[str, Any]], target: str = FIT_TARGET, see
     return fit_forms(shapes, [record[target] for record in usable], seed=seed)
 
 
-def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int = 2, seed: int = 0,
+def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int = 1, seed: int = 0,
                     sglang_args: Sequence[str] = (), cache_dir: Path | None = None) -> dict[str, Any]:
     """Start a server, run the grid ``repeats`` times, fit, and write the report to ``out``
     (and the raw per-iteration records beside it, ``<out>.records.jsonl``)."""

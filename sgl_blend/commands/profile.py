@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="run a grid of batch compositions through a live server and fit the HyGen, Echo "
                               "and BROS latency models; report each one's MAPE on held-out batches")
     latency.add_argument("--model", default="tiny-llama", help="model to serve for --latency")
-    latency.add_argument("--repeats", type=int, default=2, help="passes over the grid (--latency)")
+    latency.add_argument("--repeats", type=int, default=1, help="passes over the grid (--latency)")
     latency.add_argument("--seed", type=int, default=0)
     parser.set_defaults(accepts_extra_args=True)
 

@@ -35,6 +35,8 @@ from sgl_blend.core.latency_model import BatchShape, LatencyModel, max_prefill, 
 MODES = ("off", "hygen", "echo")
 ENV_VAR = "SGLBLEND_COLOCATION"
 DEFAULT_MIN_OFFLINE_CHUNK = 16
+DEFAULT_CALIBRATION_ALPHA = 0.05
+CALIBRATION_CLIP = (0.1, 10.0)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class ColocationConfig:
     ``latency_budget_s`` is HyGen's per-iteration budget (None: no time cap, memory only).
     ``ttft_slo_s``/``tpot_slo_s`` are Echo's deadlines, and ``idle_budget_s`` its cap on an
     iteration with no online request. ``latency_model`` is a fitted model's ``to_dict``.
+    ``calibration_alpha`` weighs each measured batch in the running measured/predicted ratio
+    that scales predictions (0 keeps the fitted model as it is).
     """
 
     mode: str = "off"
@@ -54,6 +58,7 @@ class ColocationConfig:
     reserve_sigmas: float = 2.0
     reserve_window_s: float = 60.0
     min_offline_chunk: int = DEFAULT_MIN_OFFLINE_CHUNK
+    calibration_alpha: float = DEFAULT_CALIBRATION_ALPHA
     latency_model: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -67,6 +72,8 @@ class ColocationConfig:
             raise ValueError(f"min_offline_chunk must be a positive token count, got {self.min_offline_chunk!r}")
         if not (self.reserve_sigmas >= 0 and self.reserve_window_s > 0):
             raise ValueError("reserve_sigmas must be >= 0 and reserve_window_s > 0")
+        if not 0 <= self.calibration_alpha <= 1:
+            raise ValueError(f"calibration_alpha must be in [0, 1], got {self.calibration_alpha}")
         if self.mode == "echo" and (self.ttft_slo_s is None or self.tpot_slo_s is None):
             raise ValueError("echo mode needs ttft_slo_s and tpot_slo_s (its per-token deadlines)")
         if self.needs_model() and self.latency_model is None:
@@ -138,6 +145,19 @@ class IterationView:
     waiting_online: Sequence[WaitingOnline]
     kv_capacity: int
     chunk_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ScaledModel:
+    """A fitted model whose predictions are multiplied by the engine's recent measured/predicted
+    ratio: the fit describes the machine as profiled, the scale follows it as it is now (a
+    shared CPU slows down and speeds up with its neighbours)."""
+
+    model: LatencyModel
+    scale: float
+
+    def predict(self, shape: BatchShape) -> float:
+        return self.scale * self.model.predict(shape)
 
 
 class OnlineDemandWindow:
@@ -240,20 +260,28 @@ class IterationBudget:
     def predicted_s(self) -> float | None:
         return self.model.predict(self.batch) if self.model is not None else None
 
+    def model_s(self) -> float | None:
+        """The prediction before calibration, which the calibration itself learns from."""
+        model = self.model.model if isinstance(self.model, ScaledModel) else self.model
+        return model.predict(self.batch) if model is not None else None
+
 
 @dataclass
 class IterationPlan:
     budget: IterationBudget
     park: list[str] = field(default_factory=list)
     online_reserve: int = 0
+    calibration: float = 1.0
 
     def summary(self) -> dict[str, Any]:
-        predicted = self.budget.predicted_s()
+        predicted, raw = self.budget.predicted_s(), self.budget.model_s()
         return {
             "latency_budget_s": self.budget.latency_s,
             "predicted_s": round(predicted, 6) if predicted is not None else None,
+            "model_s": round(raw, 6) if raw is not None else None,
             "parked": len(self.park),
             "online_reserve": self.online_reserve,
+            "calibration": round(self.calibration, 4),
         }
 
 
@@ -276,6 +304,15 @@ class ColocationController:
         self.config = config
         self.model = model_from_dict(config.latency_model) if config.latency_model else None
         self.demand = OnlineDemandWindow(config.reserve_window_s, config.reserve_sigmas)
+        self.calibration = 1.0
+
+    def observe(self, model_s: float | None, measured_s: float | None) -> None:
+        """Fold one batch's measured time into the calibration (EWMA of measured/predicted)."""
+        if not model_s or not measured_s or model_s <= 0 or measured_s <= 0:
+            return
+        ratio = min(max(measured_s / model_s, CALIBRATION_CLIP[0]), CALIBRATION_CLIP[1])
+        alpha = self.config.calibration_alpha
+        self.calibration = (1 - alpha) * self.calibration + alpha * ratio
 
     def reconfigure(self, changes: dict[str, Any]) -> None:
         """Apply runtime changes (the SLO profiler moves the budget on a live server)."""
@@ -301,14 +338,14 @@ class ColocationController:
             reserve = self.demand.reserve()
             offline_memory = view.kv_capacity - max(reserve, online_kv) - offline_kv
         latency_s = self.latency_budget(view)
-        budget = IterationBudget(self.model, latency_s, view.chunk_tokens, offline_memory,
-                                 self.config.min_offline_chunk)
+        model = ScaledModel(self.model, self.calibration) if self.model is not None else None
+        budget = IterationBudget(model, latency_s, view.chunk_tokens, offline_memory, self.config.min_offline_chunk)
         for request in view.running:
             if request.online:
                 budget.add_online_decode(request.context)
         for request in view.waiting_online:
             budget.add_online_prefill(request.prompt_tokens)
-        plan = IterationPlan(budget, online_reserve=reserve)
+        plan = IterationPlan(budget, online_reserve=reserve, calibration=self.calibration)
         offline = [request for request in view.running if not request.online]
         for position, request in enumerate(offline):
             if not budget.try_offline_decode(request.context):

@@ -36,7 +36,7 @@ SETTING_PREFIX = "sgl_blend_"
 RESET_RECORDS = "reset_records"
 CLEAR_BUDGET = "clear_latency_budget"
 NUMERIC_SETTINGS = ("latency_budget_s", "ttft_slo_s", "tpot_slo_s", "idle_budget_s", "reserve_sigmas",
-                    "reserve_window_s", "min_offline_chunk")
+                    "reserve_window_s", "min_offline_chunk", "calibration_alpha")
 
 
 class ColocationState:
@@ -50,7 +50,8 @@ class ColocationState:
     def snapshot(self) -> dict[str, Any]:
         config = self.controller.config
         return {"mode": config.mode, "latency_budget_s": config.latency_budget_s,
-                "latency_model": (config.latency_model or {}).get("form"), "counts": dict(self.counts),
+                "latency_model": (config.latency_model or {}).get("form"),
+                "calibration": round(self.controller.calibration, 4), "counts": dict(self.counts),
                 "parked_now": len(self.parked), "resumes": list(self.resumes)}
 
 
@@ -184,6 +185,13 @@ def end_iteration() -> dict[str, Any] | None:
         return None
     plan, _state.plan = _state.plan, None
     return plan.summary()
+
+
+@guarded()
+def observe_batch(record: dict[str, Any] | None) -> None:
+    """Teach the calibration what the batch it planned really cost."""
+    if record is not None:
+        _state.controller.observe(record.get("model_s"), record.get("forward_s"))
 
 
 @guarded()

@@ -107,16 +107,19 @@ class IterationRecorder:
         self._last_launch = now
         self._open = record
 
-    def forward_done(self) -> None:
+    def forward_done(self) -> dict[str, Any] | None:
+        """Close the batch's record; returns it."""
         record, self._open = self._open, None
         if record is None:
-            return
+            return None
         _synchronize_device()
         record["forward_s"] = round(time.perf_counter() - self._last_launch, 6)
+        record["wall"] = round(time.time(), 3)
         self.records.append(record)
         if self._log is not None:
             self._log.write(json.dumps(record) + "\n")
             self._log.flush()
+        return record
 
     def snapshot(self) -> dict[str, Any]:
         return {"iterations": list(self.records), "online_admissions": list(self.admissions)}

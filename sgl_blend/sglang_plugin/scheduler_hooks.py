@@ -148,8 +148,8 @@ def _record_begin(scheduler: Any, batch: Any) -> None:
 
 
 @_recording
-def _record_forward() -> None:
-    _recorder.forward_done()
+def _record_forward() -> dict[str, Any] | None:
+    return _recorder.forward_done()
 
 
 def _after_add_to_queue(result: Any, scheduler: Any, req: Any, is_retracted: bool = False, *_args: Any,
@@ -180,7 +180,7 @@ def _around_decode(original: Callable, scheduler: Any, batch: Any, *args: Any, *
 def _around_run_batch(original: Callable, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     _record_begin(scheduler, batch)
     result = original(scheduler, batch, *args, **kwargs)
-    _record_forward()
+    colocation.observe_batch(_record_forward())
     return result
 
 

@@ -124,3 +124,19 @@ def test_utility_order_bounds_how_long_the_oldest_request_waits() -> None:
     positions = [utility_order(dfs, fifo, 0.8, random.Random(seed)).index(0) for seed in range(50)]
     assert max(positions) < 40
     assert utility_order(dfs, fifo, 1.0, random.Random(0)).index(0) == 199
+
+
+def test_calibration_scales_predictions_toward_what_batches_really_took() -> None:
+    live = controller(latency_budget_s=0.004, calibration_alpha=0.5)
+    view = IterationView(now=0.0, running=[RunningRequest("on", True, 1000), offline("a", 1000)],
+                         waiting_online=[], kv_capacity=100_000)
+    assert live.begin(view).park == []  # 1 ms + 1 ms + 1 ms predicted
+    for _ in range(20):
+        live.observe(model_s=0.002, measured_s=0.006)  # the machine runs three times slower
+    assert live.calibration == pytest.approx(3.0, rel=1e-3)
+    plan = live.begin(view)
+    assert plan.budget.predicted_s() == pytest.approx(0.006, rel=1e-3) and plan.budget.model_s() == pytest.approx(0.002)
+    assert plan.park == ["a"]
+    frozen = controller(latency_budget_s=0.004, calibration_alpha=0.0)
+    frozen.observe(0.002, 0.006)
+    assert frozen.calibration == 1.0
