@@ -142,11 +142,16 @@ def tuned(evaluate: Callable[[float], dict[str, Any]], slos: list[SLO], toleranc
     return outcome.budget_s, trials
 
 
+def engine_args(args: argparse.Namespace) -> list[str]:
+    """The engine every configuration shares: KV pool and prefill chunk size."""
+    return ["--max-total-tokens", str(args.kv_tokens), "--chunked-prefill-size", str(args.chunk)]
+
+
 def colocation_runs(args: argparse.Namespace, traces: dict[str, list[OnlineRequest]], lines: list[BatchLine],
                     work: Path) -> dict[str, Any]:
     model = load_model(args.latency_model).to_dict()
     sglang_args, env = colocation_launch(ColocationConfig(mode="hygen", latency_model=model),
-                                         with_free_port(["--max-total-tokens", str(args.kv_tokens)]))
+                                         with_free_port(engine_args(args)))
     server = start_server(args.model, sglang_args, log_path=work / "colocation-server.log",
                           extra_env={**env, POLICY_ENV: "psm", UTILITY_ENV: str(args.utility)})
     runs: dict[str, Any] = {}
@@ -188,8 +193,8 @@ def colocation_runs(args: argparse.Namespace, traces: dict[str, list[OnlineReque
 
 def priority_runs(args: argparse.Namespace, traces: dict[str, list[OnlineRequest]], lines: list[BatchLine],
                   work: Path) -> dict[str, Any]:
-    server = start_server(args.model, with_free_port(["--max-total-tokens", str(args.kv_tokens),
-                                                      "--enable-priority-scheduling", "--schedule-policy", "fcfs"]),
+    server = start_server(args.model, with_free_port([*engine_args(args), "--enable-priority-scheduling",
+                                                      "--schedule-policy", "fcfs"]),
                           log_path=work / "priority-server.log", extra_env={POLICY_ENV: OFF})
     try:
         return {f"sglang-priority/{pattern}": run_trial(server, trace, lines, concurrency=args.concurrency,
@@ -280,18 +285,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--latency-model", type=Path, default=RESULTS / "latency-model.json")
-    parser.add_argument("--rate", type=float, default=2.0, help="mean online arrivals per second")
+    parser.add_argument("--rate", type=float, default=1.0, help="mean online arrivals per second")
     parser.add_argument("--duration", type=float, default=40.0, help="seconds of online trace per replay")
     parser.add_argument("--period", type=float, default=20.0, help="bursty trace: seconds per high+low cycle")
-    parser.add_argument("--tolerance", type=float, default=0.10)
-    parser.add_argument("--steps", type=int, default=2, help="bisection steps per search after both ends")
-    parser.add_argument("--low-budget-ms", type=float, default=5.0)
+    parser.add_argument("--tolerance", type=float, default=0.25)
+    parser.add_argument("--steps", type=int, default=1, help="bisection steps per search after both ends")
+    parser.add_argument("--low-budget-ms", type=float, default=20.0)
     parser.add_argument("--high-budget-ms", type=float, default=400.0)
-    parser.add_argument("--low-rate", type=float, default=0.1, help="HyGen* offline requests per second, lowest")
-    parser.add_argument("--high-rate", type=float, default=10.0)
+    parser.add_argument("--low-rate", type=float, default=0.2, help="HyGen* offline requests per second, lowest")
+    parser.add_argument("--high-rate", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=64, help="closed-loop offline requests in flight")
     parser.add_argument("--utility", type=float, default=0.9, help="PSM utility u for the offline order")
     parser.add_argument("--kv-tokens", type=int, default=16384)
+    parser.add_argument("--chunk", type=int, default=512,
+                        help="SGLang --chunked-prefill-size for every server (Sarathi-style chunks, as in HyGen)")
     parser.add_argument("--offline-n", type=int, default=240)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "colocation.json")
@@ -306,7 +313,7 @@ def main() -> None:
     runs = colocation_runs(args, traces, lines, work)
     runs.update(priority_runs(args, traces, lines, work))
     report = {"model": args.model, "rate_per_s": args.rate, "duration_s": args.duration, "period_s": args.period,
-              "tolerance": args.tolerance, "kv_tokens": args.kv_tokens, "online_requests": {p: len(t) for p, t in traces.items()},
+              "tolerance": args.tolerance, "kv_tokens": args.kv_tokens, "chunk": args.chunk, "online_requests": {p: len(t) for p, t in traces.items()},
               "offline_lines": len(lines), "runs": runs}
     report["table"] = table(report)
     report["wall_s"] = round(time.monotonic() - started, 1)
