@@ -5,7 +5,8 @@ Each iteration, as SGLang's scheduler does it:
 1. Admission. The policy is offered the KV that is free once the running requests' future output
    is reserved (``min(max_new - decoded, 4096)`` tokens each, times the new-token ratio, or times 1
    for ``ignore_eos`` requests); the engine admits a prefix of its proposal, stopping at the first
-   request whose prompt plus reserve does not fit, or once this iteration's prefill room is used.
+   request whose prompt plus its own unscaled reserve ``min(max_new - decoded, 4096)`` does not
+   fit (``PrefillAdder.add_one_req``), or once this iteration's prefill room is used.
    Shared prompt segments come from the radix cache when resident (LRU eviction of unreferenced
    ones makes room).
 2. One mixed step: every decoding request produces a token; prefill chunks -- the one carried
@@ -28,17 +29,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from sgl_blend.core.cost_model import CostModel
+from sgl_blend.core.cost_model import (
+    CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY_STEPS, CostModel,
+)
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.metrics import SimResult, StepTrace
 from sgl_blend.sim.overlap import OverlapFunction
 from sgl_blend.sim.workload import SimRequest
-
-CLIP_MAX_NEW_TOKENS = 4096
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = 0.1
-NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
 @dataclass(frozen=True)
@@ -161,8 +159,7 @@ class _Run:
                 generated = int(self.generated[i])
                 hit = self.cache.cached_prefix(request.prefix)
                 extend = request.prompt_len - hit + generated
-                ratio = 1.0 if request.exact else self.ratio
-                reserve = min(request.max_new_tokens - generated, CLIP_MAX_NEW_TOKENS) * ratio
+                reserve = min(request.max_new_tokens - generated, CLIP_MAX_NEW_TOKENS)
                 if extend + reserve > free and self.active.any():
                     break
                 private = request.unique_len + generated
@@ -253,6 +250,7 @@ class _Run:
         self.iterations += steps
         self.trace.add(steps, comp, mem)
         self.ratio = max(MIN_NEW_TOKEN_RATIO, self.ratio - self.engine._ratio_decay * steps)
+        self.policy.advance(steps)
 
     def _make_room(self, decoding: np.ndarray) -> np.ndarray:
         """Free KV for this step's new tokens: evict cached segments, then retract requests."""
