@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 GIB = 1024**3
 # SGLang's admission holds back decode room for every running request (``schedule_policy.py``):
 # ``min(max_new_tokens - decoded, CLIP_MAX_NEW_TOKENS)`` tokens, times the new-token ratio unless
@@ -168,12 +170,12 @@ class CostModel:
         return self.kv_footprint(prompt, output) + decode_reserve(output, max_new_tokens, exact)
 
 
-def reserve_at(decoded: int, max_new_tokens: int, exact: bool) -> float:
+def reserve_at(decoded, max_new_tokens, exact):
     """The room SGLang's admission holds back for a running request that has decoded ``decoded``
     tokens: ``min(max_new_tokens - decoded, CLIP)``, times the steady new-token ratio unless the
-    request is ``ignore_eos``."""
-    ratio = 1.0 if exact else MIN_NEW_TOKEN_RATIO
-    return ratio * min(max(max_new_tokens - decoded, 0), CLIP_MAX_NEW_TOKENS)
+    request is ``ignore_eos``. Takes numbers or numpy arrays alike."""
+    ratio = np.where(exact, 1.0, MIN_NEW_TOKEN_RATIO)
+    return ratio * np.minimum(np.maximum(np.subtract(max_new_tokens, decoded), 0), CLIP_MAX_NEW_TOKENS)
 
 
 def decode_reserve(output: int, max_new_tokens: int, exact: bool) -> float:

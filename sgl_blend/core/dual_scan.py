@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from sgl_blend.core.cost_model import memory_partition, reserve_at
 
 COMPUTE = "compute"
@@ -79,7 +81,7 @@ class Load:
     def commitment_at(self, decoded: int) -> float:
         """KV tokens the engine counts against it after ``decoded`` tokens: what it holds plus
         the decode room held back for it."""
-        return self.held_prompt + decoded + reserve_at(decoded, self.max_new_tokens, self.exact)
+        return float(self.held_prompt + decoded + reserve_at(decoded, self.max_new_tokens, self.exact))
 
     def left_after(self, decoded: int) -> tuple[float, float, float]:
         """(compute, memory, KV-token-iterations) it still needs after ``decoded`` tokens."""
@@ -135,6 +137,10 @@ class DualScanner:
         self.capacity = capacity
         self.paced = paced
         self._load = load
+        self._version = 0
+        self._reports = 0
+        self._derived: tuple[tuple[int, float], tuple] | None = None
+        self._peak_cache: tuple[object, float] = (None, 0.0)
         self._left = 0
         self._right = len(order) - 1
         self._done: set[int] = set()
@@ -156,7 +162,7 @@ class DualScanner:
             self._loads[request] = load(request)
             self._remaining[side].add(self._loads[request])
         if paced:
-            self.credit = self._earning()
+            self.credit = dict(self._earning())
 
     def side(self, request: int) -> str | None:
         """The side a running request counts against, or None if it is not running."""
@@ -169,6 +175,7 @@ class DualScanner:
 
     def carry_over(self, previous: DualScanner) -> None:
         """Take over what an earlier plan's scanner has running, its clock and its credit."""
+        self._changed()
         self.clock = self._refreshed = previous.clock
         for request, run in previous._running.items():
             self._running[request] = run
@@ -185,7 +192,29 @@ class DualScanner:
         pending, running = self._remaining[side], self._left_running[side]
         return pending.comp + running[0], pending.mem + running[1], pending.kv_steps + running[2]
 
+    def _changed(self) -> None:
+        self._version += 1
+
+    def _partition(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """Budgets, rates and earnings, recomputed only when the scanner's state has changed: an
+        engine asks for them several times an iteration."""
+        key = (self._version, self.capacity)
+        if self._derived is None or self._derived[0] != key:
+            budgets = self._budgets()
+            rates = self._rates(budgets)
+            self._derived = (key, (budgets, rates, self._earnings(rates)))
+        return self._derived[1]
+
     def budgets(self) -> dict[str, float]:
+        return dict(self._partition()[0])
+
+    def rates(self) -> dict[str, float]:
+        return dict(self._partition()[1])
+
+    def _earning(self) -> dict[str, float]:
+        return self._partition()[2]
+
+    def _budgets(self) -> dict[str, float]:
         """``M_L`` and ``M_R`` (Alg. 3, step 1) for the work left, in the engine's KV tokens.
 
         The partition is solved on KV traffic, where the paper states it, then each side's
@@ -194,14 +223,12 @@ class DualScanner:
         to admit: the other side then spreads what it has left over that tail instead of rushing
         through it and leaving the tail to run alone. A side with no work left cedes its share."""
         total = self.capacity * (PLANNED_UTILISATION if self.paced else 1.0)
-        left_comp, left_mem, left_kv = self._work(COMPUTE)
-        right_comp, right_mem, right_kv = self._work(MEMORY)
-        left_active = self._has_pending(COMPUTE) or (self.paced and left_mem > 0)
-        right_active = self._has_pending(MEMORY) or (self.paced and right_mem > 0)
-        if not right_active or right_mem <= 0:
-            return {COMPUTE: total, MEMORY: 0.0}
-        if not left_active or left_mem <= 0:
-            return {COMPUTE: 0.0, MEMORY: total}
+        work = {side: tuple(max(amount, 0.0) for amount in self._work(side)) for side in SIDES}
+        active = {side: self._has_pending(side) or (self.paced and self._running_on(side)) for side in SIDES}
+        for side, other in ((COMPUTE, MEMORY), (MEMORY, COMPUTE)):
+            if not active[other] or min(work[other][1:]) <= 0:
+                return {side: total, other: 0.0}
+        (left_comp, left_mem, left_kv), (right_comp, right_mem, right_kv) = work[COMPUTE], work[MEMORY]
         rho_root = (left_comp + right_comp) / (left_mem + right_mem)
         traffic_left, traffic_right = memory_partition(1.0, rho_root, left_comp / left_mem, right_comp / right_mem)
         commit_left = traffic_left * left_kv / left_mem
@@ -209,10 +236,9 @@ class DualScanner:
         scale = total / (commit_left + commit_right)
         return {COMPUTE: commit_left * scale, MEMORY: commit_right * scale}
 
-    def rates(self) -> dict[str, float]:
+    def _rates(self, budgets: dict[str, float]) -> dict[str, float]:
         """Admissions per iteration that keep each side's share full in steady state: a share
         ``M`` holds ``M / commit`` requests, each for ``steps`` iterations (Alg. 3, step 2)."""
-        budgets = self.budgets()
         rates = {}
         for side in SIDES:
             totals = self._remaining[side]
@@ -223,17 +249,16 @@ class DualScanner:
         """Prefill tokens per iteration, ``C_L + C_R`` (Alg. 3, step 3): each side's admission
         rate times its mean prefill. Spreading prefill this thinly is what lets every iteration
         overlap compute with memory instead of alternating between them."""
-        rates = self.rates()
+        rates = self._partition()[1]
         budget = sum(rates[side] * self._remaining[side].prefill / self._remaining[side].count
                      for side in SIDES if self._remaining[side].count)
         return budget or None
 
-    def _earning(self) -> dict[str, float]:
+    def _earnings(self, rates: dict[str, float]) -> dict[str, float]:
         """Credit per iteration: a side's admission rate times the mean of what it is paced in --
         compute for the compute side, KV traffic for the memory side -- so the compute per
         iteration stays level whatever the prompt lengths, and so does the memory however long
         the outputs."""
-        rates = self.rates()
         earning = {}
         for side in SIDES:
             totals = self._remaining[side]
@@ -277,6 +302,7 @@ class DualScanner:
             totals[position] += sign * amount
 
     def _refresh_left(self) -> None:
+        self._changed()
         self._refreshed = self.clock
         self._left_running = {COMPUTE: [0.0, 0.0, 0.0], MEMORY: [0.0, 0.0, 0.0]}
         for run in self._running.values():
@@ -285,21 +311,32 @@ class DualScanner:
 
     def progress(self, request: int, decoded: int) -> None:
         run = self._running.get(request)
-        if run is not None:
-            run.decoded = max(run.decoded, decoded)
+        if run is not None and decoded > run.decoded:
+            run.decoded = decoded
+            self._reports += 1
 
     def peak_commitment(self, side: str, extra: Load | None = None) -> float:
         """The most KV the engine will count against a side's running requests (and ``extra``,
         started now) as they decode on to their estimated lengths: the sum rises while requests
         grow and drops as each finishes, so it peaks just before some request finishes."""
+        key = (self._version, self._reports, self.clock, side, extra)
+        if self._peak_cache[0] == key:
+            return self._peak_cache[1]
         tracks = [(run.load, self._decoded(run)) for run in self._running.values() if run.side == side]
         if extra is not None:
             tracks.append((extra, 0))
-        ends = [max(load.steps - decoded, 0) for load, decoded in tracks]
         peak = 0.0
-        for offset in {0, *(max(end - 1, 0) for end in ends)}:
-            peak = max(peak, sum(load.commitment_at(decoded + offset)
-                                 for (load, decoded), end in zip(tracks, ends) if offset < end or offset == 0))
+        if tracks:
+            held = np.array([load.held_prompt for load, _decoded in tracks], dtype=float)
+            decoded = np.array([decoded for _load, decoded in tracks], dtype=float)
+            ends = np.maximum(np.array([load.steps for load, _decoded in tracks], dtype=float) - decoded, 0.0)
+            max_new = np.array([load.max_new_tokens for load, _decoded in tracks], dtype=float)
+            exact = np.array([load.exact for load, _decoded in tracks])
+            offsets = np.unique(np.concatenate([[0.0], np.maximum(ends - 1.0, 0.0)]))[:, None]
+            at = decoded + offsets
+            alive = (offsets < ends) | (offsets == 0)
+            peak = float(np.max(np.sum((held + at + reserve_at(at, max_new, exact)) * alive, axis=1)))
+        self._peak_cache = (key, peak)
         return peak
 
     # -- proposing and admitting -----------------------------------------------------------------
@@ -394,6 +431,7 @@ class DualScanner:
         return self._load_of(request).commit
 
     def admit(self, request: int, side: str) -> None:
+        self._changed()
         load = self._load_of(request)
         if request in self._retry[side]:
             self._retry[side].remove(request)
@@ -413,6 +451,7 @@ class DualScanner:
         earlier plan and requeued here are not in the order and need no bookkeeping)."""
         if request in self._done or request not in self._region:
             return
+        self._changed()
         self._done.add(request)
         self._taken += 1
         self._remaining[self._region[request]].add(self._loads[request], -1)
@@ -422,6 +461,7 @@ class DualScanner:
         """A running request finished: its memory goes back to its side."""
         run = self._running.pop(request, None)
         if run is not None:
+            self._changed()
             self.used[run.side] -= run.held
             self._add_left(run, -1)
 
@@ -430,10 +470,12 @@ class DualScanner:
         run = self._running.get(request)
         side = run.side if run is not None else self._region.get(request, MEMORY)
         self.release(request)
+        self._changed()
         self._retry[side].append(request)
         self._remaining[side].add(self._load_of(request))
 
     def withdraw(self, request: int) -> None:
+        self._changed()
         for side, queue in self._retry.items():
             if request in queue:
                 queue.remove(request)
@@ -447,6 +489,7 @@ class DualScanner:
         run = self._running.get(request)
         if run is None:
             return
+        self._changed()
         self.used[run.side] -= run.held
         self._add_left(run, -1)
         run.side = MEMORY

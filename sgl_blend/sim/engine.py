@@ -117,8 +117,8 @@ class _Run:
         self.policy.set_kv_capacity(self.capacity)
         self.policy.submit(OfflineRequest(r.rid, r.prompt_ids(), r.max_new_tokens, r.exact) for r in self.requests)
         while len(self.finished) < len(self.requests):
-            decoding = self.active & (self.prefill_left == 0)
-            admitted = self._admit(int(decoding.sum()))
+            decoding = np.flatnonzero(self.active & (self.prefill_left == 0))
+            admitted = self._admit(len(decoding))
             if not self.active.any():
                 raise RuntimeError(f"{len(self.requests) - len(self.finished)} requests left but the policy "
                                    "proposed nothing that fits in an empty engine")
@@ -208,9 +208,10 @@ class _Run:
         self.peak_kv = max(self.peak_kv, self.kv_used)
 
     def _mixed_step(self, decoding: np.ndarray) -> None:
+        """One iteration; ``decoding`` holds the slots that decode in it."""
         engine = self.engine
         decoding = self._make_room(decoding)
-        n_decode = int(decoding.sum())
+        n_decode = len(decoding)
         room = self._prefill_room(n_decode)
         comp = n_decode * engine._token_comp
         while self.prefill_queue and room > 0:
@@ -223,21 +224,21 @@ class _Run:
             room -= chunk
             if self.prefill_left[slot] == 0:
                 self.prefill_queue.pop(0)
-        mem = float(np.sum(self.prompt[decoding] + self.decoded[decoding])) * engine._kv_read
+        mem = float((self.prompt[decoding] + self.decoded[decoding]).sum()) * engine._kv_read
         self._account(1, comp, mem, engine.overlap(comp, mem))
         self._advance(decoding, 1)
 
     def _decode_stretch(self, decoding: np.ndarray) -> None:
         """Decode-only steps up to the next finish (or KV exhaustion), in closed form."""
         engine = self.engine
-        n = int(decoding.sum())
+        n = len(decoding)
         headroom = self.capacity - self.kv_used
-        steps = int(np.min(self.target[decoding] - self.decoded[decoding]))
+        steps = int((self.target[decoding] - self.decoded[decoding]).min())
         steps = max(1, min(steps, self.cfg.max_stretch, headroom // (n * self.cfg.page_size)))
         if steps == 1:
             self._mixed_step(decoding)
             return
-        context = float(np.sum(self.prompt[decoding] + self.decoded[decoding]))
+        context = float((self.prompt[decoding] + self.decoded[decoding]).sum())
         comp = np.full(steps, n * engine._token_comp)
         mem = (context + n * np.arange(steps)) * engine._kv_read
         self._account(steps, float(comp.sum()), float(mem.sum()), float(engine.overlap.vector(comp, mem).sum()))
@@ -262,21 +263,22 @@ class _Run:
             self.cache.evict(short)
             if self.capacity - self.kv_used >= need:
                 return decoding
-            candidates = np.flatnonzero(decoding)
-            if len(candidates) > 1:
-                order = np.lexsort((-self.prompt[candidates], self.decoded[candidates]))
-                self._retract(int(candidates[order[0]]))
+            if len(decoding) > 1:
+                order = np.lexsort((-self.prompt[decoding], self.decoded[decoding]))
+                self._retract(int(decoding[order[0]]))
             elif self.prefill_queue:
                 self._retract(self.prefill_queue[-1])
             else:
                 raise RuntimeError("KV capacity cannot hold a single running request")
-            decoding = decoding & self.active
+            decoding = decoding[self.active[decoding]]
 
     def _new_pages(self, decoding: np.ndarray, steps: int) -> int:
         """Pages the decoding requests' private KV grows by in ``steps`` tokens."""
-        private = self.private[decoding]
         page = self.cfg.page_size
-        return int(np.sum((private + steps + page - 1) // page - (private + page - 1) // page)) * page
+        if page == 1:
+            return len(decoding) * steps
+        private = self.private[decoding]
+        return int(((private + steps + page - 1) // page - (private + page - 1) // page).sum()) * page
 
     def _retract(self, slot: int) -> None:
         i = int(self.slot_request[slot])
@@ -299,13 +301,13 @@ class _Run:
     def _advance(self, decoding: np.ndarray, steps: int) -> None:
         self.private_used += self._new_pages(decoding, steps)
         before = self.decoded[decoding]
+        after = before + steps
         self.private[decoding] += steps
-        self.decoded[decoding] += steps
+        self.decoded[decoding] = after
         self.peak_kv = max(self.peak_kv, self.kv_used)
-        slots = np.flatnonzero(decoding)
         interval = self.cfg.progress_interval
-        crossed = slots[(before // interval) != ((before + steps) // interval)]
-        for slot in slots[self.decoded[slots] >= self.target[slots]]:
+        crossed = decoding[(before // interval) != (after // interval)]
+        for slot in decoding[after >= self.target[decoding]]:
             self._finish(int(slot))
         for slot in crossed:
             if self.active[slot]:

@@ -29,15 +29,16 @@ def binned(result: SimResult, bins: int = BINS) -> tuple[np.ndarray, np.ndarray,
     return (edges[:-1] + edges[1:]) / 2, per_step(result.trace.comp), per_step(result.trace.mem)
 
 
-def plot_steps(results: dict[str, SimResult], path: Path, title: str) -> Path:
+def plot_steps(series: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], path: Path, title: str) -> Path:
+    """One panel per policy from its `binned` trace (binned first, so a run's full trace need not
+    be kept, or sent back from a worker process, just to be drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.4 * len(results)), squeeze=False)
-    for axis, (name, result) in zip(axes[:, 0], results.items()):
-        step, comp, mem = binned(result)
+    fig, axes = plt.subplots(len(series), 1, figsize=(9, 2.4 * len(series)), squeeze=False)
+    for axis, (name, (step, comp, mem)) in zip(axes[:, 0], series.items()):
         axis.plot(step, comp, label="compute time", color="tab:red", linewidth=0.8)
         axis.plot(step, mem, label="memory time", color="tab:blue", linewidth=0.8)
         axis.set_ylabel(f"{name}\nms / step")
