@@ -14,12 +14,15 @@ Each iteration, as SGLang's scheduler does it:
    token budget less the decodes (a dense batch, as NanoFlow runs it), or the policy's own
    ``prefill_token_budget`` when it paces prefill (BlendServe's ``C_L + C_R``).
 3. Time: ``f(comp, mem)`` from the cost model's per-token terms, so a whole run under ``f = sum``
-   adds up to exactly ``T_comp + T_mem`` of what was executed.
+   adds up to exactly ``T_comp + T_mem`` of what was executed. The policy is told how many
+   iterations ran (``advance``), its clock for per-iteration pacing.
 4. KV that would overflow retracts requests (fewest decoded tokens first, like SGLang); they keep
    their output and recompute prompt and output as prefill when they return.
 
 Only the engine knows true output lengths, and it uses them only to stop a request. Long
-decode-only stretches, when nothing can be admitted, run in closed form up to the next finish.
+decode-only stretches, when the policy proposes nothing that fits, run in closed form up to the
+next finish (at most ``max_stretch`` iterations); a pacing policy may wait that long for its
+next admission, which can only cost it.
 """
 
 from __future__ import annotations
