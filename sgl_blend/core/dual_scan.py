@@ -34,9 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
-from sgl_blend.core.cost_model import memory_partition, reserve_at
+from sgl_blend.core.cost_model import memory_partition
+from sgl_blend.core.scan_load import Load, LoadTotals, peak_commitment
 
 COMPUTE = "compute"
 MEMORY = "memory"
@@ -55,61 +54,6 @@ REFRESH_ITERATIONS = 32
 # cache, the full decode room a new request reserves on admission -- so that the memory side's
 # growth check (which may use all of it) seldom has to hold admissions back.
 PLANNED_UTILISATION = 0.9
-
-
-@dataclass(frozen=True, slots=True)
-class Load:
-    """What one request asks of the engine over its life, as the scanner budgets it."""
-
-    comp: float
-    """Compute seconds, less what reusing the previous request's prefix saves."""
-    mem: float
-    """KV-read seconds of its decode steps."""
-    prefill: int
-    """Prompt tokens it computes (its prompt less the reused prefix)."""
-    steps: int
-    """Decode iterations it runs: its (estimated) output length."""
-    commit: float
-    """KV tokens the engine's admission counts against it, averaged over its life."""
-    prompt: int = 0
-    """Prompt tokens its decode steps read."""
-    held_prompt: int = 0
-    """Prompt tokens it holds on its own (shared prefixes are the cache's)."""
-    max_new_tokens: int = 0
-    exact: bool = False
-
-    def commitment_at(self, decoded: int) -> float:
-        """KV tokens the engine counts against it after ``decoded`` tokens: what it holds plus
-        the decode room held back for it."""
-        return float(self.held_prompt + decoded + reserve_at(decoded, self.max_new_tokens, self.exact))
-
-    def left_after(self, decoded: int) -> tuple[float, float, float]:
-        """(compute, memory, KV-token-iterations) it still needs after ``decoded`` tokens."""
-        steps = max(self.steps, 1)
-        decoded = min(decoded, steps)
-        done = self.prompt * decoded + decoded * decoded / 2.0
-        whole = self.prompt * steps + steps * steps / 2.0
-        mem = self.mem * (1.0 - done / whole) if whole else 0.0
-        comp = self.comp * (steps - decoded) / (self.prefill + steps)
-        return comp, mem, self.commit * (steps - decoded)
-
-
-@dataclass
-class _Totals:
-    comp: float = 0.0
-    mem: float = 0.0
-    prefill: float = 0.0
-    kv_steps: float = 0.0
-    steps: float = 0.0
-    count: int = 0
-
-    def add(self, load: Load, sign: int = 1) -> None:
-        self.comp += sign * load.comp
-        self.mem += sign * load.mem
-        self.prefill += sign * load.prefill
-        self.kv_steps += sign * load.commit * max(load.steps, 1)
-        self.steps += sign * max(load.steps, 1)
-        self.count += sign
 
 
 @dataclass(slots=True)
@@ -153,7 +97,7 @@ class DualScanner:
         self.clock = 0
         self._refreshed = 0
         self._left_running = {COMPUTE: [0.0, 0.0, 0.0], MEMORY: [0.0, 0.0, 0.0]}
-        self._remaining = {COMPUTE: _Totals(), MEMORY: _Totals()}
+        self._remaining = {COMPUTE: LoadTotals(), MEMORY: LoadTotals()}
         self._region: dict[int, str] = {}
         self._loads: dict[int, Load] = {}
         for index, request in enumerate(order):
@@ -317,27 +261,14 @@ class DualScanner:
 
     def peak_commitment(self, side: str, extra: Load | None = None) -> float:
         """The most KV the engine will count against a side's running requests (and ``extra``,
-        started now) as they decode on to their estimated lengths: the sum rises while requests
-        grow and drops as each finishes, so it peaks just before some request finishes."""
+        started now) as they decode on to their estimated lengths (see `peak_commitment`)."""
         key = (self._version, self._reports, self.clock, side, extra)
-        if self._peak_cache[0] == key:
-            return self._peak_cache[1]
-        tracks = [(run.load, self._decoded(run)) for run in self._running.values() if run.side == side]
-        if extra is not None:
-            tracks.append((extra, 0))
-        peak = 0.0
-        if tracks:
-            held = np.array([load.held_prompt for load, _decoded in tracks], dtype=float)
-            decoded = np.array([decoded for _load, decoded in tracks], dtype=float)
-            ends = np.maximum(np.array([load.steps for load, _decoded in tracks], dtype=float) - decoded, 0.0)
-            max_new = np.array([load.max_new_tokens for load, _decoded in tracks], dtype=float)
-            exact = np.array([load.exact for load, _decoded in tracks])
-            offsets = np.unique(np.concatenate([[0.0], np.maximum(ends - 1.0, 0.0)]))[:, None]
-            at = decoded + offsets
-            alive = (offsets < ends) | (offsets == 0)
-            peak = float(np.max(np.sum((held + at + reserve_at(at, max_new, exact)) * alive, axis=1)))
-        self._peak_cache = (key, peak)
-        return peak
+        if self._peak_cache[0] != key:
+            tracks = [(run.load, self._decoded(run)) for run in self._running.values() if run.side == side]
+            if extra is not None:
+                tracks.append((extra, 0))
+            self._peak_cache = (key, peak_commitment(tracks))
+        return self._peak_cache[1]
 
     # -- proposing and admitting -----------------------------------------------------------------
 

@@ -20,7 +20,8 @@ from abc import ABC, abstractmethod
 from typing import Callable, Iterable
 
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
-from sgl_blend.core.dual_scan import COMPUTE, DualScanner, Load
+from sgl_blend.core.dual_scan import COMPUTE, DualScanner
+from sgl_blend.core.scan_load import Load
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
 from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, Planner
 from sgl_blend.core.prefix_tree import PrefixTree

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from sgl_blend.core.cost_model import memory_partition
-from sgl_blend.core.dual_scan import COMPUTE, MEMORY, PLANNED_UTILISATION, DualScanner, Load
+from sgl_blend.core.dual_scan import COMPUTE, MEMORY, PLANNED_UTILISATION, DualScanner
+from sgl_blend.core.scan_load import Load
 
 
 def load(comp: float, mem: float, *, steps: int = 10, commit: float = 10.0, prefill: int = 10,
