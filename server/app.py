@@ -28,7 +28,8 @@ def loopback_url(host: str, port: int) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, api_key: str | None) -> BatchStore:
+def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, api_key: str | None,
+                      admin_api_key: str | None = None) -> BatchStore:
     """Open the store (failing now, before SGLang loads a model, if it cannot be opened) and mount
     the routes; the runner starts with the app."""
     store = BatchStore.open(config.store_url, config.data_dir)
@@ -44,6 +45,7 @@ def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, ap
         async with sglang_lifespan(app_) as state:
             runner = BatchRunner(store, blobs, workers=config.workers or (self_url,),
                                  owner=f"{socket.gethostname()}:{self_url.rsplit(':', 1)[1]}", api_key=api_key,
+                                 admin_api_key=admin_api_key,
                                  max_inflight=config.max_inflight, max_file_lines=config.max_file_lines)
             runners.append(runner)
             task = asyncio.create_task(runner.run())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ from typing import Sequence
 import aiohttp
 
 from sgl_blend.batch_lines import LineError, error_record, line_error_record, parse_line
-from sgl_blend.line_sender import LineOutcome, LineUsage, WorkerUnreachable, open_session, send_line
+from sgl_blend.line_sender import (LineOutcome, LineUsage, WorkerUnreachable, abort_requests, open_session,
+                                   send_line)
 from sgl_blend.offline import offline_headers
 from server.assignment import Assigner, split_evenly
 from server.blobs import BlobDir
@@ -38,6 +40,7 @@ LEASE_S = 30.0
 POLL_S = 0.5
 HOUSEKEEPING_S = 60.0
 MAX_WORKER_BACKOFF_S = 10.0
+ABORT_ROUNDS, ABORT_ROUND_S = 30, 1.0
 
 
 @dataclass
@@ -64,6 +67,8 @@ class _ActiveBatch:
     row: BatchRow
     feeds: dict[str, _Feed] = field(default_factory=dict)
     inflight: dict[int, asyncio.Task] = field(default_factory=dict)
+    # line number -> (worker, SGLang request id) of each line being sent
+    requests: dict[int, tuple[str, str]] = field(default_factory=dict)
     task: asyncio.Task | None = None
     closing: bool = False
 
@@ -86,7 +91,8 @@ class _Worker:
 
 class BatchRunner:
     def __init__(self, store: BatchStore, blobs: BlobDir, *, workers: Sequence[str], owner: str,
-                 api_key: str | None = None, max_inflight: int = 1024, max_file_lines: int = 50_000,
+                 api_key: str | None = None, admin_api_key: str | None = None,
+                 max_inflight: int = 1024, max_file_lines: int = 50_000,
                  assigner: Assigner = split_evenly, poll_s: float = POLL_S, lease_s: float = LEASE_S) -> None:
         if not workers:
             raise ValueError("a batch runner needs at least one worker URL")
@@ -100,6 +106,9 @@ class BatchRunner:
         self.lease_s = lease_s
         self.workers = {url: _Worker(url) for url in workers}
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # SGLang guards /abort_request with the admin key when one is set.
+        abort_key = admin_api_key or api_key
+        self._abort_auth = {"Authorization": f"Bearer {abort_key}"} if abort_key else {}
         self._active: dict[str, _ActiveBatch] = {}
         self._wake = asyncio.Event()
         self._refresh = True
@@ -263,14 +272,29 @@ class BatchRunner:
         """Stop a batch early (``cancelled`` or ``expired``): abort its lines in flight, keep every
         finished one, and for ``expired`` record each line that never ran as ``batch_expired``."""
         batch.closing = True
-        inflight = list(batch.inflight.values())
-        for task in inflight:
-            task.cancel()
-        await asyncio.gather(*inflight, return_exceptions=True)
+        await self._abort_inflight(batch)
         await self._writer.drained(batch.id)
         if status == "expired":
             await self._expire_unfinished(batch)
         await self._finish(batch, status)
+
+    async def _abort_inflight(self, batch: _ActiveBatch) -> None:
+        """Abort until nothing is in flight: a request SGLang has not registered yet ignores an
+        abort, so each round aborts whatever is still running. Lines that finish meanwhile are
+        kept; aborted ones stay unfinished. Connections are dropped only as a last resort."""
+        for _round in range(ABORT_ROUNDS):
+            if not batch.inflight:
+                return
+            running = list(batch.requests.values())
+            for worker in self.workers:
+                rids = [rid for url, rid in running if url == worker]
+                if rids:
+                    await abort_requests(self._session, worker, rids, self._abort_auth)
+            await asyncio.wait(list(batch.inflight.values()), timeout=ABORT_ROUND_S)
+        leftover = list(batch.inflight.values())
+        for task in leftover:
+            task.cancel()
+        await asyncio.gather(*leftover, return_exceptions=True)
 
     async def _expire_unfinished(self, batch: _ActiveBatch) -> None:
         after = 0
@@ -343,6 +367,7 @@ class BatchRunner:
         def done(_task: asyncio.Task) -> None:
             worker.inflight -= 1
             batch.inflight.pop(line.line_number, None)
+            batch.requests.pop(line.line_number, None)
             self.wake(refresh=False)
 
         task.add_done_callback(done)
@@ -357,13 +382,17 @@ class BatchRunner:
             if isinstance(parsed, LineError):
                 outcome = LineOutcome(False, line_error_record(parsed), LineUsage())
             else:
+                rid = f"{batch.id}-{line.line_number}-{secrets.token_hex(4)}"
+                batch.requests[line.line_number] = (worker.url, rid)
                 try:
-                    outcome = await send_line(self._session, worker.url, parsed, offline_headers(batch.id))
+                    outcome = await send_line(self._session, worker.url, parsed, offline_headers(batch.id), rid)
                 except WorkerUnreachable as error:
                     self._worker_failed(worker, error)
                     batch.feeds[worker.url].retry.append(line)
                     return
                 worker.backoff_s = 0.0
+                if outcome.aborted and batch.closing:
+                    return  # stopped by our own abort: the line never finished
         self._writer.put(LineResult(batch.id, line.line_number, outcome))
 
     def _worker_failed(self, worker: _Worker, error: Exception) -> None:

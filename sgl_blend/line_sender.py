@@ -57,11 +57,13 @@ class LineUsage:
 
 @dataclass(frozen=True)
 class LineOutcome:
-    """A line's answer: ``ok`` lines go to the output file, the others to the error file."""
+    """A line's answer: ``ok`` lines go to the output file, the others to the error file.
+    ``aborted``: SGLang stopped the request before it finished (``finish_reason`` abort)."""
 
     ok: bool
     record: dict[str, Any]
     usage: LineUsage
+    aborted: bool = False
 
 
 def open_session(max_inflight: int, headers: Mapping[str, str] | None = None) -> aiohttp.ClientSession:
@@ -73,10 +75,12 @@ def open_session(max_inflight: int, headers: Mapping[str, str] | None = None) ->
 
 
 async def send_line(session: aiohttp.ClientSession, base_url: str, line: BatchLine,
-                    headers: Mapping[str, str] | None = None) -> LineOutcome:
-    """POST the line's body to ``base_url + line.url``; any HTTP answer becomes the line's record."""
+                    headers: Mapping[str, str] | None = None, rid: str | None = None) -> LineOutcome:
+    """POST the line's body to ``base_url + line.url``; any HTTP answer becomes the line's record.
+    ``rid`` names the request inside SGLang, so that `abort_requests` can stop it."""
+    body = {**line.body, "rid": rid} if rid else line.body
     try:
-        async with session.post(base_url + line.url, json=line.body, headers=headers) as response:
+        async with session.post(base_url + line.url, json=body, headers=headers) as response:
             text = await response.text()
             status = response.status
     except (aiohttp.ClientError, asyncio.TimeoutError) as error:
@@ -88,4 +92,23 @@ async def send_line(session: aiohttp.ClientSession, base_url: str, line: BatchLi
     if status != 200:
         return LineOutcome(False, output_record(line.custom_id, status, body), LineUsage())
     request_id = body.get("id") if isinstance(body, dict) else None
-    return LineOutcome(True, output_record(line.custom_id, status, body, request_id), LineUsage.from_body(body))
+    aborted = any(choice.get("finish_reason") == "abort" for choice in (body.get("choices") or [])
+                  if isinstance(choice, dict)) if isinstance(body, dict) else False
+    return LineOutcome(not aborted, output_record(line.custom_id, status, body, request_id),
+                       LineUsage.from_body(body), aborted)
+
+
+async def abort_requests(session: aiohttp.ClientSession, base_url: str, rids: list[str],
+                         headers: Mapping[str, str] | None = None) -> None:
+    """Stop requests a server is still running (``POST /abort_request``); each answers at once
+    with ``finish_reason`` abort. Dropping the connection instead leaves SGLang to notice the
+    disconnect on a later poll, which under load lags by many seconds of wasted decoding. A
+    request already gone needs nothing, so failures pass."""
+    async def abort(rid: str) -> None:
+        try:
+            async with session.post(base_url + "/abort_request", json={"rid": rid}, headers=headers) as response:
+                await response.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+
+    await asyncio.gather(*(abort(rid) for rid in rids))

@@ -45,7 +45,7 @@ def _mount_batch_api(server_args: object) -> None:
 
     try:
         install_batch_api(app, config, self_url=loopback_url(server_args.host, server_args.port),
-                          api_key=server_args.api_key)
+                          api_key=server_args.api_key, admin_api_key=server_args.admin_api_key)
     except (StoreInUse, ValueError, OSError) as error:
         sys.exit(f"error: the Batch API store cannot be opened: {error}")
 

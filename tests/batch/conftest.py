@@ -1,6 +1,10 @@
-"""Fixtures of the Batch API tests: one shared tiny-llama server with an API key and small file
-limits (so the 413 and too-many-lines cases are cheap), the official `openai` client on it, and a
-real PostgreSQL server started in a temporary directory."""
+"""Fixtures of the Batch API tests: a real PostgreSQL server started in a temporary directory, one
+shared tiny-llama server with an API key and small file limits (so the 413 and too-many-lines
+cases are cheap), and the official `openai` client on it.
+
+The shared server keeps its batch store in that PostgreSQL, so the API tests run end to end on the
+multi-server backend; the kill-and-restart test and the runner test use the default SQLite store.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import openai
+import psycopg
 import pytest
 
 from server.config import BatchApiConfig
@@ -24,12 +29,19 @@ MAX_FILE_LINES = 400
 POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
-def start_batch_server(work_dir: Path, data_dir: Path, port: int | None = None) -> ServerProcess:
+def start_batch_server(work_dir: Path, data_dir: Path, store_url: str = "") -> ServerProcess:
     work_dir.mkdir(parents=True, exist_ok=True)
-    config = BatchApiConfig(data_dir=data_dir, max_file_bytes=MAX_FILE_BYTES, max_file_lines=MAX_FILE_LINES)
-    return start_server("tiny-llama", ["--port", str(port or free_port()), "--api-key", API_KEY,
-                                       "--enable-cache-report"],
+    config = BatchApiConfig(data_dir=data_dir, store_url=store_url, max_file_bytes=MAX_FILE_BYTES,
+                            max_file_lines=MAX_FILE_LINES)
+    return start_server("tiny-llama", ["--port", str(free_port()), "--api-key", API_KEY, "--enable-cache-report"],
                         log_path=work_dir / "server.log", batch_api=config)
+
+
+def new_database(admin_url: str, name: str) -> str:
+    """A fresh, empty database on the test PostgreSQL; its URL."""
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    return admin_url.rsplit("/", 1)[0] + "/" + name
 
 
 def client_for(server: ServerProcess) -> openai.OpenAI:
@@ -37,9 +49,9 @@ def client_for(server: ServerProcess) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="session")
-def batch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def batch_server(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator[ServerProcess]:
     work = tmp_path_factory.mktemp("batch-server")
-    server = start_batch_server(work, work / "data")
+    server = start_batch_server(work, work / "data", new_database(postgres_url, "batch_server"))
     yield server
     server.stop()
 

@@ -98,7 +98,7 @@ def test_cancel_mid_run_keeps_partial_output(client: openai.OpenAI) -> None:
     batch = wait_until(client, created.id)
     assert batch.status == "cancelled" and batch.cancelled_at
     results = records(client, batch.output_file_id)
-    assert 5 <= len(results) == batch.request_counts.completed < 300
+    assert 5 <= len(results) == batch.request_counts.completed < batch.request_counts.total
     assert len({record["custom_id"] for record in results}) == len(results)
     for record in results:
         assert record["response"]["status_code"] == 200

@@ -20,14 +20,14 @@ def test_sigkill_mid_batch_then_restart(tmp_path: Path) -> None:
         server.kill()  # SIGKILL to the whole process group, at whatever point the runner is
     finally:
         server.stop()
-    assert before.status == "in_progress" and before.request_counts.completed < 300
+    assert before.status == "in_progress" and before.request_counts.completed < len(lines)
 
     server = start_batch_server(tmp_path / "second", data_dir)
     try:
         client = client_for(server)
         batch = wait_until(client, batch_id)
         assert batch.status == "completed"
-        assert batch.request_counts.model_dump() == {"total": 300, "completed": 300, "failed": 0}
+        assert batch.request_counts.model_dump() == {"total": len(lines), "completed": len(lines), "failed": 0}
         done = [record["custom_id"] for record in records(client, batch.output_file_id)]
         assert sorted(done) == sorted(line["custom_id"] for line in lines)
         assert batch.error_file_id is None

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-import psycopg
 import pytest
 
 from server.db import StoreInUse
 from server.ids import new_batch_id, new_file_id
 from server.store import AlreadyCommitted, BatchCommit, BatchRow, BatchStore, Conflict, FileRow, LeaseLost
 from server.validation import FileRejected, index_input_file
+from tests.batch.conftest import new_database
 from tests.batch.helpers import chat_line, jsonl
 
 _database_numbers = itertools.count()
@@ -24,11 +24,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BatchStore
     if request.param == "sqlite":
         opened = BatchStore.open("", tmp_path / "data")
     else:
-        admin_url = request.getfixturevalue("postgres_url")
-        name = f"contract_{next(_database_numbers)}"
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(f"CREATE DATABASE {name}")
-        opened = BatchStore.open(admin_url.rsplit("/", 1)[0] + "/" + name, tmp_path / "data")
+        url = new_database(request.getfixturevalue("postgres_url"), f"contract_{next(_database_numbers)}")
+        opened = BatchStore.open(url, tmp_path / "data")
     yield opened
     opened.close()
 
