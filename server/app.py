@@ -29,13 +29,18 @@ def loopback_url(host: str, port: int) -> str:
 
 
 def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, api_key: str | None,
-                      admin_api_key: str | None = None) -> BatchStore:
+                      admin_api_key: str | None = None) -> None:
     """Open the store (failing now, before SGLang loads a model, if it cannot be opened) and mount
     the routes; the runner starts with the app."""
     store = BatchStore.open(config.store_url, config.data_dir)
     blobs = BlobDir(config.data_dir)
     runners: list[BatchRunner] = []
-    context = ApiContext(config, store, blobs, wake_runner=lambda: [runner.wake() for runner in runners])
+
+    def wake_runners() -> None:
+        for runner in runners:
+            runner.wake()
+
+    context = ApiContext(config, store, blobs, wake_runner=wake_runners)
     app.include_router(build_router(context))
     app.add_exception_handler(ApiError, api_error_handler)
     sglang_lifespan = app.router.lifespan_context
@@ -57,4 +62,3 @@ def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, ap
                 runners.remove(runner)
 
     app.router.lifespan_context = lifespan
-    return store

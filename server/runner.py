@@ -177,7 +177,7 @@ class BatchRunner:
             batch = self._active.get(row.id)
             if batch is None:
                 await self._adopt(row)
-            else:
+            elif batch.task is None:  # a running step keeps the row it reloads itself
                 batch.row = row
 
     async def _adopt(self, row: BatchRow) -> None:
@@ -248,16 +248,17 @@ class BatchRunner:
     async def _validate(self, batch: _ActiveBatch) -> None:
         row = batch.row
         now = int(time.time())
+        started = None
         try:
             lines = index_input_file(self.blobs.path(row.input_file_id), row.endpoint, self.max_file_lines)
-            await asyncio.to_thread(self.store.start_batch, row.id, self.owner, lines, now)
+            started = await asyncio.to_thread(self.store.start_batch, row.id, self.owner, lines, now)
         except FileRejected as rejected:
             await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [rejected.as_batch_error()], now)
         except FileNotFoundError:
             error = FileRejected("file_not_found", f"the input file {row.input_file_id} is gone")
             await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [error.as_batch_error()], now)
         await self._reload(batch)
-        if batch.row.status == "in_progress":
+        if started is not None and batch.row.status == "in_progress":
             await self._assign(batch)
         elif batch.row.status == "failed":
             self._drop(batch.id)

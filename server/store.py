@@ -299,13 +299,15 @@ class BatchStore:
         with self.db.transaction() as tx:
             tx.execute("UPDATE batches SET lease_until = 0 WHERE owner = ?", (owner,))
 
-    def start_batch(self, batch_id: str, owner: str, lines: Iterable[LineRow], now: int) -> int:
+    def start_batch(self, batch_id: str, owner: str, lines: Iterable[LineRow], now: int) -> int | None:
         """Record a validated input's line index and move the batch to ``in_progress``, atomically:
-        an exception from ``lines`` (the file as a whole is invalid) leaves nothing behind."""
+        an exception from ``lines`` (the file as a whole is invalid) leaves nothing behind. None,
+        changing nothing, when the batch is no longer ``validating`` (cancelled, or started already)."""
         total = 0
         with self.db.transaction() as tx:
             self._fence(tx, batch_id, owner)
-            tx.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
+            if tx.execute("SELECT status FROM batches WHERE id = ?", (batch_id,))[0]["status"] != "validating":
+                return None
             chunk: list[tuple] = []
             for line in lines:
                 total += 1
@@ -315,8 +317,8 @@ class BatchStore:
                     self._insert_lines(tx, chunk)
                     chunk = []
             self._insert_lines(tx, chunk)
-            tx.execute("UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?"
-                       " WHERE id = ? AND status = 'validating'", (now, total, batch_id))
+            tx.execute("UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ? WHERE id = ?",
+                       (now, total, batch_id))
         return total
 
     def fail_batch(self, batch_id: str, owner: str, errors: list[dict[str, Any]], now: int) -> None:

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     batch.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
                        help="largest upload accepted (a bigger one gets 413)")
     batch.add_argument("--batch-max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT,
-                       help="batch lines handed to the scheduler at once, across all batches")
+                       help="batch lines in flight at once per server, across all batches: the pool the scheduler orders")
     batch.add_argument("--no-batch-api", action="store_true", help="serve without the Files and Batches routes")
     parser.set_defaults(accepts_extra_args=True)
 

@@ -17,7 +17,8 @@ from tests.batch.helpers import (chat_line, chat_lines, create_batch, jsonl, mix
 
 def test_happy_path(client: openai.OpenAI) -> None:
     lines = chat_lines(12, "happy")
-    created = create_batch(client, lines, metadata={"team": "eval"})
+    created = create_batch(client, lines, metadata={"team": "eval"},
+                           output_expires_after={"anchor": "created_at", "seconds": 7200})
     assert created.status == "validating" and created.id.startswith("batch_")
 
     batch = wait_until(client, created.id)
@@ -28,7 +29,7 @@ def test_happy_path(client: openai.OpenAI) -> None:
     assert batch.usage.output_tokens == 12 * 4 and batch.usage.input_tokens > 0
 
     output = client.files.retrieve(batch.output_file_id)
-    assert output.purpose == "batch_output"
+    assert output.purpose == "batch_output" and output.expires_at == output.created_at + 7200
     results = records(client, batch.output_file_id)
     assert output.bytes == len(client.files.content(batch.output_file_id).content)
     assert sorted(record["custom_id"] for record in results) == sorted(line["custom_id"] for line in lines)
@@ -159,8 +160,10 @@ def test_upload_limits(client: openai.OpenAI) -> None:
     with pytest.raises(openai.APIStatusError) as too_big:
         client.files.create(file=("big.jsonl", b"x" * (MAX_FILE_BYTES + 1)), purpose="batch")
     assert too_big.value.status_code == 413 and too_big.value.body["code"] == "file_too_large"
-    exactly = client.files.create(file=("edge.jsonl", b"y" * MAX_FILE_BYTES), purpose="batch")
+    exactly = client.files.create(file=("edge.jsonl", b"y" * MAX_FILE_BYTES), purpose="batch",
+                                  expires_after={"anchor": "created_at", "seconds": 3600})
     assert exactly.bytes == MAX_FILE_BYTES and len(client.files.content(exactly.id).content) == MAX_FILE_BYTES
+    assert exactly.expires_at == exactly.created_at + 3600
 
     with pytest.raises(openai.BadRequestError) as wrong_purpose:
         client.files.create(file=("a.jsonl", jsonl(chat_lines(1))), purpose="assistants")

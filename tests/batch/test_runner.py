@@ -24,6 +24,28 @@ def test_split_evenly_keeps_neighbours_together() -> None:
     assert split_evenly([], ["a"]) == []
 
 
+def test_housekeeping_deletes_expired_files(tmp_path: Path) -> None:
+    """No batch and no server needed: the runner's first step already sweeps expired files."""
+    store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
+    expired, kept = new_file_id(), new_file_id()
+    for file_id, expires_at in ((expired, int(time.time()) - 1), (kept, int(time.time()) + 3600)):
+        blobs.path(file_id).write_bytes(b"{}\n")
+        store.add_file(FileRow(file_id, "batch", "in.jsonl", 3, int(time.time()) - 10, expires_at))
+    runner = BatchRunner(store, blobs, workers=["http://127.0.0.1:9"], owner="test-runner")
+
+    async def one_step() -> None:
+        task = asyncio.create_task(runner.run())
+        while store.get_file(expired) is not None:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(one_step(), WAIT_LIMIT_S))
+    assert not blobs.path(expired).exists()
+    assert store.get_file(kept) is not None and blobs.path(kept).exists()
+    store.close()
+
+
 def test_one_batch_over_two_workers(batch_server: ServerProcess, tmp_path: Path) -> None:
     store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
     lines = chat_lines(40, "spread")

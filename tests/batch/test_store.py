@@ -118,6 +118,9 @@ def test_validation_indexes_lines_and_bad_ones_carry_their_error(store: BatchSto
     assert [(line.line_number, line.custom_id, line.error_code) for line in lines] == [
         (1, "a", None), (3, None, "invalid_json"), (4, None, "duplicate_custom_id"), (5, "c", "invalid_url"),
         (6, "b", None)]
+    again = index_input_file(tmp_path / "input.jsonl", batch.endpoint, 100)
+    assert store.start_batch(batch.id, "runner-a", again, now=1002) is None  # a stale second start changes nothing
+    assert store.get_batch(batch.id).in_progress_at == 1001
     text = (tmp_path / "input.jsonl").read_bytes()
     assert json.loads(text[lines[4].byte_offset:lines[4].byte_offset + lines[4].byte_length])["custom_id"] == "b"
     assert [line.line_number for line in store.pending_lines(batch.id, after_line=3, limit=2)] == [4, 5]
