@@ -48,7 +48,7 @@ def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, ap
     @asynccontextmanager
     async def lifespan(app_: Any) -> AsyncIterator[Any]:
         async with sglang_lifespan(app_) as state:
-            runner = BatchRunner(store, blobs, workers=config.workers or (self_url,),
+            runner = BatchRunner(store, blobs, workers=(self_url,),
                                  owner=f"{socket.gethostname()}:{self_url.rsplit(':', 1)[1]}", api_key=api_key,
                                  admin_api_key=admin_api_key,
                                  max_inflight=config.max_inflight, max_file_lines=config.max_file_lines)

@@ -1,29 +1,29 @@
 """Which worker server runs which lines of a batch.
 
 The runner assigns a batch's unfinished lines whenever it takes the batch up, so a restart with a
-different set of workers re-spreads whatever is left. `Assigner` is the seam for spreading a batch
-by its prefix tree instead of by line count.
+different set of workers spreads whatever is left over the workers it has now. An `Assigner` sees
+each unfinished line's index row and can read the line itself (``read_line``), so it may spread a
+batch by its prompts' shared prefixes as well as by count; it returns each worker's line numbers.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
-# (worker base URL, first line number, last line number), both ends included.
-WorkerRange = tuple[str, int, int]
-Assigner = Callable[[Sequence[int], Sequence[str]], list[WorkerRange]]
+from server.store import LineRow
+
+Assignment = dict[str, list[int]]
+Assigner = Callable[[Sequence[LineRow], Sequence[str], Callable[[LineRow], bytes]], Assignment]
 
 
-def split_evenly(line_numbers: Sequence[int], workers: Sequence[str]) -> list[WorkerRange]:
-    """Contiguous runs of ``line_numbers`` (ascending) of near-equal size, one per worker, so that
+def split_evenly(lines: Sequence[LineRow], workers: Sequence[str],
+                 read_line: Callable[[LineRow], bytes] | None = None) -> Assignment:
+    """Contiguous runs of the lines in file order, of near-equal size, one per worker, so that
     neighbouring lines (which often share a prompt prefix) stay on one server."""
-    if not line_numbers or not workers:
-        return []
-    ranges: list[WorkerRange] = []
-    start = 0
+    numbers = sorted(line.line_number for line in lines)
+    assignment: Assignment = {}
     for index, worker in enumerate(workers):
-        end = len(line_numbers) * (index + 1) // len(workers)
+        start, end = len(numbers) * index // len(workers), len(numbers) * (index + 1) // len(workers)
         if end > start:
-            ranges.append((worker, line_numbers[start], line_numbers[end - 1]))
-        start = end
-    return ranges
+            assignment[worker] = numbers[start:end]
+    return assignment

@@ -29,28 +29,25 @@ def default_data_dir() -> Path:
 
 @dataclass(frozen=True)
 class BatchApiConfig:
-    """``store_url`` empty means SQLite in ``data_dir``; ``workers`` empty means this server alone."""
+    """``store_url`` empty means SQLite in ``data_dir``."""
 
     data_dir: Path = field(default_factory=default_data_dir)
     store_url: str = ""
     max_file_lines: int = DEFAULT_MAX_FILE_LINES
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_inflight: int = DEFAULT_MAX_INFLIGHT
-    workers: tuple[str, ...] = ()
 
     def to_env(self) -> dict[str, str]:
         values = asdict(self)
         values["data_dir"] = str(Path(self.data_dir).resolve())
-        values["workers"] = list(self.workers)
         return {CONFIG_ENV: json.dumps(values)}
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | os._Environ = os.environ) -> BatchApiConfig | None:
+    def from_env(cls) -> BatchApiConfig | None:
         """The configuration `sgl-blend serve` passed, or None when the Batch API is not wanted."""
-        text = environ.get(CONFIG_ENV)
+        text = os.environ.get(CONFIG_ENV)
         if not text:
             return None
         values = json.loads(text)
         values["data_dir"] = Path(values["data_dir"])
-        values["workers"] = tuple(values.get("workers") or ())
         return cls(**values)

@@ -192,9 +192,14 @@ class BatchRunner:
             await self._assign(batch)
 
     async def _assign(self, batch: _ActiveBatch) -> None:
-        numbers = await asyncio.to_thread(self.store.pending_line_numbers, batch.id)
-        ranges = self.assigner(numbers, list(self.workers))
-        await asyncio.to_thread(self.store.assign, batch.id, self.owner, ranges)
+        lines = await asyncio.to_thread(self.store.pending_lines, batch.id)
+        input_file = batch.row.input_file_id
+
+        def read_line(line: LineRow) -> bytes:
+            return self.blobs.read_range(input_file, line.byte_offset, line.byte_length)
+
+        assignment = await asyncio.to_thread(self.assigner, lines, list(self.workers), read_line)
+        await asyncio.to_thread(self.store.assign, batch.id, self.owner, assignment)
         batch.feeds = {url: _Feed() for url in self.workers}
 
     def _drop(self, batch_id: str) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from server.db import Database, open_database
 
@@ -327,29 +327,30 @@ class BatchStore:
             tx.execute("UPDATE batches SET status = 'failed', failed_at = ?, errors = ? WHERE id = ?",
                        (now, json.dumps(errors), batch_id))
 
-    def assign(self, batch_id: str, owner: str, ranges: Sequence[tuple[str, int, int]]) -> None:
-        """Assign the batch's unfinished lines to workers: ``(worker, first, last)`` line-number ranges."""
+    def assign(self, batch_id: str, owner: str, assignment: Mapping[str, Sequence[int]]) -> None:
+        """Record which worker runs each of the batch's unfinished lines (worker -> line numbers)."""
+        rows = [(worker, batch_id, PENDING, line) for worker, lines in assignment.items() for line in lines]
         with self.db.transaction() as tx:
             self._fence(tx, batch_id, owner)
-            tx.executemany("UPDATE batch_lines SET worker = ? WHERE batch_id = ? AND state = ?"
-                           " AND line_number >= ? AND line_number <= ?",
-                           [(worker, batch_id, PENDING, first, last) for worker, first, last in ranges])
+            for start in range(0, len(rows), _INSERT_CHUNK):
+                tx.executemany("UPDATE batch_lines SET worker = ? WHERE batch_id = ? AND state = ? AND line_number = ?",
+                               rows[start:start + _INSERT_CHUNK])
 
-    def pending_line_numbers(self, batch_id: str) -> list[int]:
-        with self.db.transaction() as tx:
-            rows = tx.execute("SELECT line_number FROM batch_lines WHERE batch_id = ? AND state = ?"
-                              " ORDER BY line_number", (batch_id, PENDING))
-        return [row["line_number"] for row in rows]
-
-    def pending_lines(self, batch_id: str, *, after_line: int, limit: int, worker: str | None = None) -> list[LineRow]:
-        """The next unfinished lines after ``after_line`` (of one worker's share when ``worker`` is given)."""
+    def pending_lines(self, batch_id: str, *, after_line: int = 0, limit: int | None = None,
+                      worker: str | None = None) -> list[LineRow]:
+        """The unfinished lines after ``after_line`` in file order, at most ``limit`` of them (of one
+        worker's share when ``worker`` is given)."""
         sql = "SELECT * FROM batch_lines WHERE batch_id = ? AND state = ? AND line_number > ?"
         params: tuple = (batch_id, PENDING, after_line)
         if worker is not None:
             sql += " AND worker = ?"
             params += (worker,)
+        sql += " ORDER BY line_number"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params += (limit,)
         with self.db.transaction() as tx:
-            rows = tx.execute(sql + " ORDER BY line_number LIMIT ?", (*params, limit))
+            rows = tx.execute(sql, params)
         return [LineRow(**{name: row[name] for name in _LINE_FIELDS}) for row in rows]
 
     def commit_results(self, owner: str, commit: BatchCommit) -> None:

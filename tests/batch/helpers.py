@@ -24,10 +24,10 @@ def chat_lines(count: int, prefix: str = "req", max_tokens: int = 4) -> list[dic
     return [chat_line(f"{prefix}-{index}", max_tokens) for index in range(count)]
 
 
-def mixed_lines(prefix: str, short: int = 10, long: int = 150) -> list[dict[str, Any]]:
+def mixed_lines(prefix: str, short: int = 10, long: int = 40) -> list[dict[str, Any]]:
     """A few lines that finish at once, then many long ones: the batch is surely mid-run once the
     short ones are done (all lines run together, so equal lines would all finish at the very end)."""
-    return chat_lines(short, f"{prefix}-short", max_tokens=2) + chat_lines(long, f"{prefix}-long", max_tokens=48)
+    return chat_lines(short, f"{prefix}-short", max_tokens=2) + chat_lines(long, f"{prefix}-long", max_tokens=128)
 
 
 def jsonl(lines: list[dict[str, Any] | str]) -> bytes:

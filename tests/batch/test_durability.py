@@ -33,3 +33,5 @@ def test_sigkill_mid_batch_then_restart(tmp_path: Path) -> None:
         assert batch.error_file_id is None
     finally:
         server.stop()
+    resumed = (tmp_path / "second" / "server.log").read_text().count("POST /v1/chat/completions")
+    assert 0 < resumed <= len(lines) - before.request_counts.completed  # the restart ran what was left

@@ -12,16 +12,19 @@ from server.assignment import split_evenly
 from server.blobs import BlobDir
 from server.ids import new_batch_id, new_file_id
 from server.runner import BatchRunner
-from server.store import BatchRow, BatchStore, FileRow
+from server.store import BatchRow, BatchStore, FileRow, LineRow
 from sgl_blend.serve import ServerProcess
 from tests.batch.conftest import API_KEY
 from tests.batch.helpers import WAIT_LIMIT_S, chat_lines, jsonl
 
 
 def test_split_evenly_keeps_neighbours_together() -> None:
-    assert split_evenly([1, 2, 4, 5, 7], ["a", "b"]) == [("a", 1, 2), ("b", 4, 7)]
-    assert split_evenly([3], ["a", "b", "c"]) == [("c", 3, 3)]
-    assert split_evenly([], ["a"]) == []
+    def rows(*numbers: int) -> list[LineRow]:
+        return [LineRow(number, f"id-{number}", 0, 1) for number in numbers]
+
+    assert split_evenly(rows(7, 1, 2, 4, 5), ["a", "b"]) == {"a": [1, 2], "b": [4, 5, 7]}
+    assert split_evenly(rows(3), ["a", "b", "c"]) == {"c": [3]}
+    assert split_evenly([], ["a"]) == {}
 
 
 def test_housekeeping_deletes_expired_files(tmp_path: Path) -> None:

@@ -145,7 +145,7 @@ def test_a_rejected_file_leaves_no_lines_behind(store: BatchStore, tmp_path: Pat
 
 def test_commits_count_each_line_once_and_assign_workers(store: BatchStore, tmp_path: Path) -> None:
     batch = started(store, tmp_path, [chat_line(str(index)) for index in range(6)])
-    store.assign(batch.id, "runner-a", [("http://w1", 1, 3), ("http://w2", 4, 6)])
+    store.assign(batch.id, "runner-a", {"http://w1": [1, 2, 3], "http://w2": [4, 5, 6]})
     assert [line.line_number for line in store.pending_lines(batch.id, after_line=0, limit=9, worker="http://w2")] \
         == [4, 5, 6]
     store.commit_results("runner-a", BatchCommit(batch.id, completed_lines=[1, 2], failed_lines=[4], input_tokens=30,
@@ -156,7 +156,7 @@ def test_commits_count_each_line_once_and_assign_workers(store: BatchStore, tmp_
     row = store.get_batch(batch.id)
     assert (row.completed, row.failed, row.output_bytes, row.error_bytes) == (2, 1, 200, 90)
     assert (row.input_tokens, row.cached_tokens, row.output_tokens) == (30, 10, 8)
-    assert store.pending_line_numbers(batch.id) == [3, 5, 6]
+    assert [line.line_number for line in store.pending_lines(batch.id)] == [3, 5, 6]
 
 
 def test_finishing_respects_the_state_a_cancel_left(store: BatchStore, tmp_path: Path) -> None:
