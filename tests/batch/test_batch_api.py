@@ -39,6 +39,17 @@ def test_happy_path(client: openai.OpenAI) -> None:
         assert record["response"]["body"]["choices"][0]["message"]["content"]
 
 
+def test_completions_endpoint(client: openai.OpenAI) -> None:
+    lines = [{"custom_id": f"text-{index}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "tiny-llama", "prompt": f"Once upon a time {index}", "max_tokens": 3,
+                       "ignore_eos": True}} for index in range(4)]
+    batch = wait_until(client, create_batch(client, lines, endpoint="/v1/completions").id)
+    assert batch.status == "completed" and batch.request_counts.completed == 4
+    for record in records(client, batch.output_file_id):
+        assert record["response"]["body"]["object"] == "text_completion"
+        assert record["response"]["body"]["usage"]["completion_tokens"] == 3
+
+
 def test_fifty_lines_three_malformed(client: openai.OpenAI) -> None:
     lines: list = chat_lines(47, "mixed")
     missing_id = chat_line("unused")
