@@ -210,7 +210,7 @@ def test_bad_requests_get_openai_errors(client: openai.OpenAI) -> None:
         client.batches.retrieve("batch_" + "0" * 32)
     with pytest.raises(openai.NotFoundError):
         client.files.content("../../etc/passwd")
-    file_id = upload(client, chat_lines(100, "busy", max_tokens=16))
+    file_id = upload(client, chat_lines(40, "busy", max_tokens=8))
     with pytest.raises(openai.BadRequestError) as bad_endpoint:
         client.batches.create(input_file_id=file_id, endpoint="/v1/responses", completion_window="24h")
     assert bad_endpoint.value.body["param"] == "endpoint"
