@@ -53,7 +53,16 @@ def parse_line(text: str, line_number: int, allowed_urls: tuple[str, ...] = SUPP
         return LineError(line_number, custom_id, "invalid_body", "body must be a JSON object")
     if REQUIRED_BODY_FIELD[url] not in body:
         return LineError(line_number, custom_id, "invalid_body", f"body for {url} needs {REQUIRED_BODY_FIELD[url]!r}")
+    if body.get("stream"):
+        return LineError(line_number, custom_id, "invalid_body", "stream is not supported in a batch line")
     return BatchLine(line_number, custom_id, url, body)
+
+
+def duplicate_id_error(line_number: int, custom_id: str) -> LineError:
+    """The error of a line whose custom_id an earlier line already has. Its error record carries no
+    custom_id, so that every custom_id in the output and error files still names one line."""
+    return LineError(line_number, None, "duplicate_custom_id",
+                     f"custom_id {custom_id!r} appears more than once (line {line_number})")
 
 
 def new_line_id() -> str:
@@ -68,6 +77,10 @@ def output_record(custom_id: str, status_code: int, body: Any, request_id: str |
         "response": {"status_code": status_code, "request_id": request_id or new_line_id(), "body": body},
         "error": None,
     }
+
+
+def line_error_record(error: LineError) -> dict[str, Any]:
+    return error_record(error.custom_id, error.code, error.message, error.line_number)
 
 
 def error_record(custom_id: str | None, code: str, message: str, line_number: int | None = None) -> dict[str, Any]:

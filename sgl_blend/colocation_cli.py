@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from sgl_blend.core.colocation import MODES, ColocationConfig
 from sgl_blend.core.latency_model import FORMS, load_model
@@ -65,15 +65,16 @@ def colocation_config(args: argparse.Namespace) -> ColocationConfig:
         raise ValueError(f"{error}{hint}") from None
 
 
-def colocation_server_settings(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    """SGLang arguments and scheduler environment for the co-location flags in ``args``."""
+def colocation_server_settings(args: argparse.Namespace,
+                               sglang_args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``sglang_args`` plus what the co-location flags in ``args`` add, and the scheduler environment."""
     from sgl_blend.colocation_launch import colocation_launch
     from sgl_blend.sglang_plugin.scheduler_hooks import UTILITY_ENV
 
     config = colocation_config(args)
     if args.psm_utility is not None and not 0.0 <= args.psm_utility <= 1.0:
         raise ValueError(f"--psm-utility must be in [0, 1], got {args.psm_utility}")
-    sglang_args, env = colocation_launch(config, args.extra_args)
+    launch_args, env = colocation_launch(config, sglang_args)
     if args.psm_utility is not None:
         env[UTILITY_ENV] = str(args.psm_utility)
-    return sglang_args, env
+    return launch_args, env

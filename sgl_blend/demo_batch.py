@@ -1,14 +1,18 @@
 """The demo batch of README command 1: ShareGPT prompts plus few-shot prompts with shared
-prefixes, sent as offline work to the running server and ordered by its BlendServe scheduler."""
+prefixes, submitted through the server's OpenAI Files and Batches API with the official `openai`
+client, and run as offline work ordered by the server's BlendServe scheduler."""
 
 from __future__ import annotations
 
-import asyncio
 import json
+import time
 from pathlib import Path
 
+import openai
+
 from bench.batch_files import fewshot_lines, sharegpt_lines, write_jsonl
-from sgl_blend.run_batch import run_job
+from sgl_blend.batch_client import download, submit, wait
+from sgl_blend.line_sender import LineUsage
 
 
 def demo_lines(n: int) -> list[dict]:
@@ -20,13 +24,21 @@ def demo_lines(n: int) -> list[dict]:
     return chats + shared
 
 
-def run_demo_batch(base_url: str, api_key: str | None, work_dir: Path, n: int) -> dict:
+def run_demo_batch(client: openai.OpenAI, work_dir: Path, n: int) -> dict:
     batch_file = write_jsonl(work_dir / "demo-batch.jsonl", demo_lines(n))
-    output, errors = work_dir / "demo-batch-output.jsonl", work_dir / "demo-batch-errors.jsonl"
-    for stale in (output, errors):
-        stale.unlink(missing_ok=True)
-    print(f"[demo] offline batch: {n} lines from {batch_file}", flush=True)
-    totals = asyncio.run(run_job(batch_file, output, errors, base_url, api_key=api_key, job_id="demo"))
-    summary = {"lines": n, **totals.summary(), "output": str(output)}
+    print(f"[demo] offline batch: {n} lines from {batch_file}, through POST /v1/files and /v1/batches", flush=True)
+    start = time.monotonic()
+    batch = submit(client, batch_file, metadata={"source": "sgl-blend demo"})
+    print(f"[demo] batch {batch.id} is {batch.status}", flush=True)
+    batch = wait(client, batch.id, poll_s=0.5)
+    seconds = time.monotonic() - start
+    files = download(client, batch, work_dir)
+    counts, usage = batch.request_counts, batch.usage
+    tokens = LineUsage(usage.input_tokens, usage.output_tokens, usage.input_tokens_details.cached_tokens) \
+        if usage else LineUsage()
+    summary = {"batch": batch.id, "status": batch.status, "lines": counts.total if counts else n,
+               "completed": counts.completed if counts else 0, "failed": counts.failed if counts else 0,
+               **tokens.report(seconds), "output": str(files.get("output")),
+               **({"errors": str(files["errors"])} if "errors" in files else {})}
     print("[demo] summary: " + json.dumps(summary), flush=True)
     return summary

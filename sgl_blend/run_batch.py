@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TextIO
 import aiohttp
 from tqdm import tqdm
 
-from sgl_blend.batch_lines import BatchLine, LineError, error_record, output_record, parse_line
+from sgl_blend.batch_lines import BatchLine, LineError, duplicate_id_error, error_record, line_error_record, parse_line
+from sgl_blend.line_sender import LineUsage, WorkerUnreachable, open_session, send_line
 from sgl_blend.offline import offline_headers
 
 if TYPE_CHECKING:
@@ -35,24 +36,20 @@ class JobTotals:
     completed: int = 0
     failed: int = 0
     skipped: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
+    usage: LineUsage = field(default_factory=LineUsage)
     seconds: float = 0.0
     seen_ids: set[str] = field(default_factory=set)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.usage.cached_tokens
 
     def summary(self) -> dict[str, Any]:
         return {
             "completed": self.completed,
             "failed": self.failed,
             "skipped_already_done": self.skipped,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-            "cache_hit_ratio": round(self.cached_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0,
-            "seconds": round(self.seconds, 2),
-            "tokens_per_s": round((self.prompt_tokens + self.completion_tokens) / self.seconds, 1) if self.seconds else 0.0,
-            "output_tokens_per_s": round(self.completion_tokens / self.seconds, 1) if self.seconds else 0.0,
+            **self.usage.report(self.seconds),
         }
 
 
@@ -129,7 +126,7 @@ async def run_job(
     window = asyncio.Semaphore(max_inflight)
     tasks: set[asyncio.Task] = set()
     try:
-        async with aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        async with open_session(max_inflight, headers) as session:
             for item in read_lines(input_path):
                 if not _needs_run(item, done_ids, done_lines):
                     totals.skipped += 1
@@ -140,7 +137,7 @@ async def run_job(
                     continue
                 totals.seen_ids.add(item.custom_id)
                 await window.acquire()
-                task = asyncio.create_task(_send(session, item, totals, outputs, errors))
+                task = asyncio.create_task(_send(session, base_url, item, totals, outputs, errors))
                 task.add_done_callback(lambda done: _on_line_done(done, window, bar, totals, start))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -165,39 +162,28 @@ def _needs_run(item: BatchLine | LineError, done_ids: set[str], done_lines: set[
 def _record_invalid(item: BatchLine | LineError, totals: JobTotals, errors: JsonlAppender) -> None:
     totals.failed += 1
     if isinstance(item, LineError):
-        custom_id = item.custom_id
-        if custom_id is not None and custom_id in totals.seen_ids:
-            custom_id = None
-        errors.write(error_record(custom_id, item.code, item.message, item.line_number))
+        if item.custom_id is not None and item.custom_id in totals.seen_ids:
+            item = LineError(item.line_number, None, item.code, item.message)
+        errors.write(line_error_record(item))
     else:
-        errors.write(error_record(None, "duplicate_custom_id",
-                                  f"custom_id {item.custom_id!r} appears more than once", item.line_number))
+        errors.write(line_error_record(duplicate_id_error(item.line_number, item.custom_id)))
 
 
-async def _send(session: aiohttp.ClientSession, line: BatchLine, totals: JobTotals,
+async def _send(session: aiohttp.ClientSession, base_url: str, line: BatchLine, totals: JobTotals,
                 outputs: JsonlAppender, errors: JsonlAppender) -> None:
     try:
-        async with session.post(line.url, json=line.body) as response:
-            text = await response.text()
-            status = response.status
-    except aiohttp.ClientError as error:
+        outcome = await send_line(session, base_url, line)
+    except WorkerUnreachable as error:
         totals.failed += 1
         errors.write(error_record(line.custom_id, "engine_unreachable", str(error), line.line_number))
         return
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError:
-        body = {"error": {"message": text[:2000]}}
-    if status != 200:
+    if not outcome.ok:
         totals.failed += 1
-        errors.write(output_record(line.custom_id, status, body))
+        errors.write(outcome.record)
         return
-    usage = body.get("usage") or {}
     totals.completed += 1
-    totals.prompt_tokens += usage.get("prompt_tokens", 0)
-    totals.completion_tokens += usage.get("completion_tokens", 0)
-    totals.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
-    outputs.write(output_record(line.custom_id, status, body, body.get("id")))
+    totals.usage += outcome.usage
+    outputs.write(outcome.record)
 
 
 def _on_line_done(task: asyncio.Task, window: asyncio.Semaphore, bar: tqdm, totals: JobTotals, start: float) -> None:
@@ -209,7 +195,7 @@ def _on_line_done(task: asyncio.Task, window: asyncio.Semaphore, bar: tqdm, tota
 
 def _show_rate(bar: tqdm, totals: JobTotals, start: float) -> None:
     elapsed = max(time.monotonic() - start, 1e-9)
-    bar.set_postfix(tok_s=f"{(totals.prompt_tokens + totals.completion_tokens) / elapsed:.0f}",
+    bar.set_postfix(tok_s=f"{(totals.usage.prompt_tokens + totals.usage.completion_tokens) / elapsed:.0f}",
                     failed=totals.failed, refresh=False)
 
 

@@ -16,11 +16,15 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from sgl_blend import cpu_compat
 from sgl_blend.launch_args import CPU_DEFAULT_FLAGS, CPU_ENV, flag_value, with_defaults
 from sgl_blend.models.registry import resolve_model_path
+from server.config import CONFIG_ENV as BATCH_API_ENV
+
+if TYPE_CHECKING:
+    from server.config import BatchApiConfig
 
 DEFAULT_PORT = 30000
 STOP_GRACE_S = 15.0
@@ -79,16 +83,21 @@ def start_server(
     log_path: Path | None = None,
     ready_timeout_s: float = 600.0,
     extra_env: dict[str, str] | None = None,
+    batch_api: BatchApiConfig | None = None,
 ) -> ServerProcess:
     """Start the server and return once ``/health`` answers 200; raise with SGLang's error otherwise.
 
     ``extra_env`` reaches every server process (the scheduler reads its offline policy from it).
+    ``batch_api`` mounts the Files and Batches API on the server, with that configuration.
     """
     argv = server_argv(model, sglang_args, cache_dir)
     env = dict(os.environ)
     if not cpu_compat.cuda_present():
         env.update(CPU_ENV)
     env.update(extra_env or {})
+    env.pop(BATCH_API_ENV, None)
+    if batch_api is not None:
+        env.update(batch_api.to_env())
     log = open(log_path, "ab") if log_path else None
     process = subprocess.Popen(
         [sys.executable, "-m", "sgl_blend.server_main", *argv],

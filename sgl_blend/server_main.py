@@ -1,7 +1,9 @@
 """The SGLang HTTP server process that `sgl-blend serve` supervises.
 
-It is SGLang's own launcher with one difference: the CPU compatibility finder is installed
-first, so the process imports even where no ``.pth`` start-up line put it in place.
+It is SGLang's own launcher with two differences: the CPU compatibility finder is installed
+first, so the process imports even where no ``.pth`` start-up line put it in place; and, when
+`sgl-blend serve` passed a Batch API configuration, the Files and Batches routes are mounted on
+SGLang's app before it starts (same host, port and API key as SGLang's own routes).
 """
 
 from __future__ import annotations
@@ -21,10 +23,31 @@ def main(argv: list[str] | None = None) -> None:
 
     load_plugins()
     server_args = prepare_server_args(list(sys.argv[1:] if argv is None else argv))
+    _mount_batch_api(server_args)
     try:
         run_server(server_args)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
+
+
+def _mount_batch_api(server_args: object) -> None:
+    from server.config import BatchApiConfig
+
+    config = BatchApiConfig.from_env()
+    if config is None:
+        return
+    if getattr(server_args, "tokenizer_worker_num", 1) != 1:
+        sys.exit("error: the Batch API needs --tokenizer-worker-num 1 (or sgl-blend serve --no-batch-api)")
+    from sglang.srt.entrypoints.http_server import app
+
+    from server.app import install_batch_api, loopback_url
+    from server.db import StoreInUse
+
+    try:
+        install_batch_api(app, config, self_url=loopback_url(server_args.host, server_args.port),
+                          api_key=server_args.api_key, admin_api_key=server_args.admin_api_key)
+    except (StoreInUse, ValueError, OSError) as error:
+        sys.exit(f"error: the Batch API store cannot be opened: {error}")
 
 
 if __name__ == "__main__":

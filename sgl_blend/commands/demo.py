@@ -1,4 +1,4 @@
-"""The main job end to end: start smollm2-135m, answer a chat request, then run an offline demo batch."""
+"""The main job end to end: start smollm2-135m, answer a chat request, then run a demo batch through the Batch API."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import openai
 
+    from server.config import BatchApiConfig
     from sgl_blend.serve import ServerStartError, start_server
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -28,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"[demo] starting {args.model} on port {args.port} (log: {log})", flush=True)
     start = time.monotonic()
     try:
-        server = start_server(args.model, ["--port", str(args.port), "--enable-cache-report"], log_path=log)
+        server = start_server(args.model, ["--port", str(args.port), "--enable-cache-report"], log_path=log,
+                              batch_api=BatchApiConfig(data_dir=args.work_dir / "batch-data"))
     except (ServerStartError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         if args.batch_lines:
             from sgl_blend.demo_batch import run_demo_batch
 
-            run_demo_batch(server.base_url, server.api_key, args.work_dir, args.batch_lines)
+            run_demo_batch(client, args.work_dir, args.batch_lines)
     finally:
         server.stop()
     return 0

@@ -1,4 +1,4 @@
-"""Start SGLang's HTTP server with the sgl-blend plugin (every other SGLang flag passes through)."""
+"""Start SGLang's HTTP server with the plugin and the Batch API (every other SGLang flag passes through)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from server.config import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES, DEFAULT_MAX_INFLIGHT, default_data_dir
+
     parser.add_argument("--model", required=True,
                         help="tiny-llama, smollm2-135m, or a path to an HF model directory")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where bundled models are built")
@@ -25,31 +27,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default="blendserve", help="order of offline work (batch lines) in the scheduler")
     parser.add_argument("--hardware", default=None,
                         help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200) or an `sgl-blend profile` JSON")
+    batch = parser.add_argument_group("Batch API (/v1/files, /v1/batches)")
+    batch.add_argument("--data-dir", type=Path, default=None,
+                       help=f"where batch files and the SQLite store live (default {default_data_dir()}, "
+                            "or $SGLBLEND_DATA_DIR)")
+    batch.add_argument("--batch-store", default="", metavar="URL",
+                       help="a postgresql:// URL to share the batch store between servers (default: SQLite in --data-dir)")
+    batch.add_argument("--max-file-lines", type=int, default=DEFAULT_MAX_FILE_LINES,
+                       help="most requests in one batch input file")
+    batch.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
+                       help="largest upload accepted (a bigger one gets 413)")
+    batch.add_argument("--batch-max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT,
+                       help="batch lines in flight at once per server, across all batches: the pool the scheduler orders")
+    batch.add_argument("--no-batch-api", action="store_true", help="serve without the Files and Batches routes")
     add_colocation_arguments(parser)
     parser.set_defaults(accepts_extra_args=True)
 
 
+def batch_api_config(args: argparse.Namespace):
+    """The Batch API configuration the flags ask for, or None for ``--no-batch-api``."""
+    from server.config import BatchApiConfig, default_data_dir
+
+    if args.no_batch_api:
+        return None
+    return BatchApiConfig(data_dir=args.data_dir or default_data_dir(), store_url=args.batch_store,
+                          max_file_lines=args.max_file_lines, max_file_bytes=args.max_file_bytes,
+                          max_inflight=args.batch_max_inflight)
+
+
 def run(args: argparse.Namespace) -> int:
     from sgl_blend.colocation_cli import colocation_server_settings
+    from sgl_blend.launch_args import with_defaults
     from sgl_blend.serve import ServerStartError, serve_forever, start_server
 
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, POLICY_ENV
 
     env = {POLICY_ENV: args.offline_policy, **({HARDWARE_ENV: args.hardware} if args.hardware else {})}
+    batch_api = batch_api_config(args)
+    # A batch's usage reports cached prompt tokens only when SGLang reports them per request.
+    sglang_args = with_defaults(args.extra_args, (("--enable-cache-report", None),)) if batch_api else args.extra_args
     try:
-        sglang_args, colocation_env = colocation_server_settings(args)
+        sglang_args, colocation_env = colocation_server_settings(args, sglang_args)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     env.update(colocation_env)
     try:
         server = start_server(args.model, sglang_args, cache_dir=args.cache_dir, log_path=args.log_file,
-                              ready_timeout_s=args.ready_timeout, extra_env=env)
+                              ready_timeout_s=args.ready_timeout, extra_env=env, batch_api=batch_api)
     except (ServerStartError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"sgl-blend: serving {args.model} at {server.base_url} (pid {server.process.pid})", flush=True)
+    where = f"; batch data in {batch_api.data_dir}" if batch_api and not batch_api.store_url else ""
+    print(f"sgl-blend: serving {args.model} at {server.base_url} (pid {server.process.pid}){where}", flush=True)
     if args.detach:
         return 0
     return serve_forever(server)

@@ -1,4 +1,5 @@
-"""`sgl-blend profile` measures this CPU with torch and writes a profile the cost model loads."""
+"""`sgl-blend profile` and the calibration kernels: this CPU measured with torch, profiles the cost model
+loads, and the co-run fit that gives the simulator its interference constant."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+from kernels.corun import CorunSample, fit_report, measure_corun
+from kernels.transfer import measure_transfers, peak_bandwidth
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 
 
@@ -22,3 +28,20 @@ def test_profile_writes_a_loadable_hardware_spec(tmp_path: Path) -> None:
     assert {row["op"] for row in table} == {"gemm", "decode_attention"}
     assert all(row["measured_ms"] > 0 for row in table)
     assert CostModel(model_spec("llama-3.1-8b"), spec).kv_capacity_tokens() > 0
+
+
+def test_corun_fit_recovers_a_known_interference_constant() -> None:
+    samples = [CorunSample(0, 0, 0, gemm, attention, max(gemm, attention) + 0.3 * min(gemm, attention))
+               for gemm, attention in ((1.0, 0.2), (0.5, 0.9), (0.3, 0.3), (2.0, 1.1), (0.1, 0.7))]
+    report = fit_report(samples)
+    assert report["naive"]["interference"]["lambda"] == pytest.approx(0.3)
+    assert report["naive"]["interference"]["mean_abs_error"] == pytest.approx(0.0, abs=1e-12)
+    assert "partitioned" not in report
+
+
+def test_cpu_corun_and_copies_are_measured() -> None:
+    sample = measure_corun(16, 2, 256, torch.device("cpu"), torch.float32, hidden=256, ffn=512, loops=2, repeats=2)
+    assert sample.gemm_s > 0 and sample.attention_s > 0 and sample.together_s > 0
+    transfers = measure_transfers(torch.device("cpu"), (1,))
+    assert {t.direction for t in transfers} == {"host_to_device", "device_to_host"}
+    assert peak_bandwidth(transfers, "host_to_device") > 0

@@ -1,0 +1,64 @@
+"""Putting the Batch API into SGLang's own FastAPI app, before SGLang starts serving it.
+
+The routes join SGLang's app, so they share its host, port and ``--api-key`` middleware (which
+guards every route of the app). The runner starts inside SGLang's lifespan, after SGLang's own
+start-up, and stops before SGLang's shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI
+
+from server.blobs import BlobDir
+from server.config import BatchApiConfig
+from server.errors import ApiError, api_error_handler
+from server.routes import ApiContext, build_router
+from server.runner import BatchRunner
+from server.store import BatchStore
+
+
+def loopback_url(host: str, port: int) -> str:
+    """Where this server answers itself: a wildcard bind is reached through loopback."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, api_key: str | None,
+                      admin_api_key: str | None = None) -> None:
+    """Open the store (failing now, before SGLang loads a model, if it cannot be opened) and mount
+    the routes; the runner starts with the app."""
+    store = BatchStore.open(config.store_url, config.data_dir)
+    blobs = BlobDir(config.data_dir)
+    runners: list[BatchRunner] = []
+
+    def wake_runners() -> None:
+        for runner in runners:
+            runner.wake()
+
+    context = ApiContext(config, store, blobs, wake_runner=wake_runners)
+    app.include_router(build_router(context))
+    app.add_exception_handler(ApiError, api_error_handler)
+    sglang_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app_: Any) -> AsyncIterator[Any]:
+        async with sglang_lifespan(app_) as state:
+            runner = BatchRunner(store, blobs, workers=(self_url,),
+                                 owner=f"{socket.gethostname()}:{self_url.rsplit(':', 1)[1]}", api_key=api_key,
+                                 admin_api_key=admin_api_key,
+                                 max_inflight=config.max_inflight, max_file_lines=config.max_file_lines)
+            runners.append(runner)
+            task = asyncio.create_task(runner.run())
+            try:
+                yield state
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                runners.remove(runner)
+
+    app.router.lifespan_context = lifespan

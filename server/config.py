@@ -1,0 +1,53 @@
+"""The Batch API's settings, and how `sgl-blend serve` hands them to the server process.
+
+They travel as one JSON environment variable because SGLang parses the server's argv itself and
+would reject flags it does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CONFIG_ENV = "SGLBLEND_BATCH_API"
+DATA_DIR_ENV = "SGLBLEND_DATA_DIR"
+# OpenAI's own limits for a batch input file.
+DEFAULT_MAX_FILE_LINES = 50_000
+DEFAULT_MAX_FILE_BYTES = 200 * 1024 * 1024
+DEFAULT_MAX_INFLIGHT = 1024
+
+
+def default_data_dir() -> Path:
+    """``$SGLBLEND_DATA_DIR``, else ``$XDG_DATA_HOME/sgl-blend``, else ``~/.local/share/sgl-blend``."""
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV])
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "sgl-blend"
+
+
+@dataclass(frozen=True)
+class BatchApiConfig:
+    """``store_url`` empty means SQLite in ``data_dir``."""
+
+    data_dir: Path = field(default_factory=default_data_dir)
+    store_url: str = ""
+    max_file_lines: int = DEFAULT_MAX_FILE_LINES
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+
+    def to_env(self) -> dict[str, str]:
+        values = asdict(self)
+        values["data_dir"] = str(Path(self.data_dir).resolve())
+        return {CONFIG_ENV: json.dumps(values)}
+
+    @classmethod
+    def from_env(cls) -> BatchApiConfig | None:
+        """The configuration `sgl-blend serve` passed, or None when the Batch API is not wanted."""
+        text = os.environ.get(CONFIG_ENV)
+        if not text:
+            return None
+        values = json.loads(text)
+        values["data_dir"] = Path(values["data_dir"])
+        return cls(**values)

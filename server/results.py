@@ -1,0 +1,161 @@
+"""Writing finished lines to a batch's output and error files, exactly once, in group commits.
+
+For each group: append the records, flush and fsync the files, then commit in the store the lines'
+states, the counters and the files' new lengths in one transaction. Bytes past a committed length
+belong to no committed line, so a restart cuts them off and runs those lines again. One commit
+covers every result that arrived while the previous one was syncing, which keeps the fsyncs few
+however fast lines finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from sgl_blend.line_sender import LineOutcome
+from server.blobs import BlobDir
+from server.store import AlreadyCommitted, BatchCommit, BatchStore, LeaseLost
+
+logger = logging.getLogger(__name__)
+RETRY_DELAY_S = 1.0
+
+
+@dataclass(frozen=True)
+class LineResult:
+    batch_id: str
+    line_number: int
+    outcome: LineOutcome
+
+
+class _ResultFiles:
+    """A batch's two result files, open for appending, with the lengths last committed."""
+
+    def __init__(self, blobs: BlobDir, output_blob: str, error_blob: str, output_bytes: int, error_bytes: int) -> None:
+        self.output: BinaryIO = blobs.open_append(output_blob)
+        self.error: BinaryIO = blobs.open_append(error_blob)
+        self.committed = (output_bytes, error_bytes)
+
+    def append(self, results: list[LineResult], commit: BatchCommit) -> None:
+        for result in results:
+            data = (json.dumps(result.outcome.record, ensure_ascii=False) + "\n").encode()
+            (self.output if result.outcome.ok else self.error).write(data)
+            (commit.completed_lines if result.outcome.ok else commit.failed_lines).append(result.line_number)
+            commit.input_tokens += result.outcome.usage.prompt_tokens
+            commit.cached_tokens += result.outcome.usage.cached_tokens
+            commit.output_tokens += result.outcome.usage.completion_tokens
+        for handle in (self.output, self.error):
+            handle.flush()
+            os.fsync(handle.fileno())
+        commit.output_bytes, commit.error_bytes = self.output.tell(), self.error.tell()
+
+    def roll_back(self) -> None:
+        """Cut the files back to what the store has committed, after a commit that failed."""
+        for handle, length in zip((self.output, self.error), self.committed):
+            handle.truncate(length)
+            handle.flush()
+
+    def close(self) -> None:
+        self.output.close()
+        self.error.close()
+
+
+class ResultWriter:
+    def __init__(self, store: BatchStore, blobs: BlobDir, owner: str) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.owner = owner
+        self.lost_batches: set[str] = set()
+        self._queue: asyncio.Queue[LineResult] = asyncio.Queue()
+        self._pending: Counter[str] = Counter()
+        self._files: dict[str, _ResultFiles] = {}
+        self._changed = asyncio.Condition()
+        self._committing: asyncio.Future | None = None
+
+    def open(self, batch_id: str, output_blob: str, error_blob: str, output_bytes: int, error_bytes: int) -> None:
+        """Start writing a batch's results after its files were cut back to the committed lengths."""
+        self.close(batch_id)
+        self.lost_batches.discard(batch_id)
+        self._files[batch_id] = _ResultFiles(self.blobs, output_blob, error_blob, output_bytes, error_bytes)
+
+    def close(self, batch_id: str) -> None:
+        files = self._files.pop(batch_id, None)
+        if files is not None:
+            files.close()
+
+    def put(self, result: LineResult) -> None:
+        self._pending[result.batch_id] += 1
+        self._queue.put_nowait(result)
+
+    def pending(self, batch_id: str) -> int:
+        return self._pending[batch_id]
+
+    async def drained(self, batch_id: str) -> None:
+        """Wait until every result of the batch handed to `put` has been committed (or dropped)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._pending[batch_id] == 0)
+
+    async def run(self) -> None:
+        """Commit groups until cancelled; a group already being committed completes first."""
+        while True:
+            group = [await self._queue.get()]
+            while not self._queue.empty():
+                group.append(self._queue.get_nowait())
+            self._committing = asyncio.ensure_future(asyncio.to_thread(self._commit_group, group))
+            retry = await asyncio.shield(self._committing)
+            retried = {id(result) for result in retry}
+            async with self._changed:
+                for result in group:
+                    if id(result) not in retried:
+                        self._pending[result.batch_id] -= 1
+                self._changed.notify_all()
+            if retry:
+                await asyncio.sleep(RETRY_DELAY_S)
+                for result in retry:
+                    self._queue.put_nowait(result)
+
+    async def flush(self) -> None:
+        """After `run` was cancelled: let its last commit end, then commit whatever is still queued
+        (at shutdown, so that finished lines need not run again)."""
+        if self._committing is not None:
+            await asyncio.wait([self._committing])
+        group = []
+        while not self._queue.empty():
+            group.append(self._queue.get_nowait())
+        if group:
+            await asyncio.to_thread(self._commit_group, group)
+
+    def _commit_group(self, group: list[LineResult]) -> list[LineResult]:
+        """Write and commit each batch's share; returns the results to try again later."""
+        by_batch: dict[str, list[LineResult]] = defaultdict(list)
+        for result in group:
+            by_batch[result.batch_id].append(result)
+        retry: list[LineResult] = []
+        for batch_id, results in by_batch.items():
+            files = self._files.get(batch_id)
+            if files is None or batch_id in self.lost_batches:
+                continue
+            commit = BatchCommit(batch_id)
+            try:
+                files.append(results, commit)
+                self.store.commit_results(self.owner, commit)
+                files.committed = (commit.output_bytes, commit.error_bytes)
+            except AlreadyCommitted as error:
+                logger.error("dropping results delivered twice: %s", error)
+                files.roll_back()
+                retry.extend(result for result in results if result.line_number not in error.lines)
+            except LeaseLost as error:
+                logger.warning("batch results not committed: %s", error)
+                self.lost_batches.add(batch_id)
+                self.close(batch_id)
+            except Exception:
+                if self._files.get(batch_id) is not files:
+                    continue  # the batch was let go meanwhile: its lines stay unfinished and run again
+                logger.exception("committing results of %s failed; retrying", batch_id)
+                files.roll_back()
+                retry.extend(results)
+        return retry

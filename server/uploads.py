@@ -1,0 +1,133 @@
+"""Receiving a ``multipart/form-data`` upload straight to disk, under a size cap.
+
+The body is parsed as it arrives (python-multipart's streaming parser), so a 200 MB file never
+sits in memory and an oversized one is refused as soon as it passes the cap: a declared
+Content-Length over the cap is refused before reading anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from fastapi import Request
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+FILE_FIELD = "file"
+MAX_FORM_FIELD_BYTES = 64 * 1024
+# Room for the multipart framing and the small fields around the file itself.
+FORM_OVERHEAD_BYTES = 64 * 1024
+
+
+class UploadTooLarge(Exception):
+    pass
+
+
+class BadUpload(Exception):
+    pass
+
+
+@dataclass
+class Upload:
+    fields: dict[str, str] = field(default_factory=dict)
+    filename: str | None = None
+    bytes: int = 0
+
+
+class _FormReceiver:
+    """python-multipart callbacks: the ``file`` part goes to ``destination``, other parts to ``fields``."""
+
+    def __init__(self, destination: Path, max_file_bytes: int) -> None:
+        self.destination = destination
+        self.max_file_bytes = max_file_bytes
+        self.upload = Upload()
+        self.too_large = False
+        self._header_name = bytearray()
+        self._header_value = bytearray()
+        self._headers: dict[bytes, bytes] = {}
+        self._field_name: str | None = None
+        self._field_value = bytearray()
+        self._file: BinaryIO | None = None
+
+    def callbacks(self) -> dict:
+        return {"on_part_begin": self._part_begin, "on_header_field": self._header_field_data,
+                "on_header_value": self._header_value_data, "on_header_end": self._header_end,
+                "on_headers_finished": self._headers_finished, "on_part_data": self._part_data,
+                "on_part_end": self._part_end}
+
+    def _part_begin(self) -> None:
+        self._headers = {}
+        self._field_name = None
+        self._field_value = bytearray()
+
+    def _header_field_data(self, data: bytes, start: int, end: int) -> None:
+        self._header_name += data[start:end]
+
+    def _header_value_data(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def _header_end(self) -> None:
+        self._headers[bytes(self._header_name).lower()] = bytes(self._header_value)
+        self._header_name, self._header_value = bytearray(), bytearray()
+
+    def _headers_finished(self) -> None:
+        _kind, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        self._field_name = options.get(b"name", b"").decode("utf-8", "replace")
+        if self._field_name == FILE_FIELD and b"filename" in options:
+            if self._file is not None:
+                raise BadUpload("only one file may be uploaded per request")
+            self.upload.filename = options[b"filename"].decode("utf-8", "replace")
+            self._file = self.destination.open("wb")
+
+    def _part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._file is not None and self._field_name == FILE_FIELD:
+            self.upload.bytes += end - start
+            if self.upload.bytes > self.max_file_bytes:
+                self.too_large = True
+            elif not self.too_large:
+                self._file.write(data[start:end])
+            return
+        self._field_value += data[start:end]
+        if len(self._field_value) > MAX_FORM_FIELD_BYTES:
+            raise BadUpload(f"form field {self._field_name!r} is too long")
+
+    def _part_end(self) -> None:
+        if self._file is not None and self._field_name == FILE_FIELD:
+            self._file.close()
+        elif self._field_name:
+            self.upload.fields[self._field_name] = self._field_value.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self._file is not None and not self._file.closed:
+            self._file.close()
+
+
+async def receive_upload(request: Request, destination: Path, max_file_bytes: int) -> Upload:
+    """Stream the form's ``file`` part into ``destination``; raise `UploadTooLarge` past the cap and
+    `BadUpload` for a body that is not a form with one file. The caller removes ``destination``
+    on an exception."""
+    kind, options = parse_options_header(request.headers.get("content-type", ""))
+    if kind != b"multipart/form-data" or b"boundary" not in options:
+        raise BadUpload("the upload must be multipart/form-data with a 'file' part and a 'purpose' field")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_file_bytes + FORM_OVERHEAD_BYTES:
+        raise UploadTooLarge
+    receiver = _FormReceiver(destination, max_file_bytes)
+    parser = MultipartParser(options[b"boundary"], receiver.callbacks())
+    try:
+        async for chunk in request.stream():
+            parser.write(chunk)
+            if receiver.too_large and declared is None:
+                break
+        if not receiver.too_large:
+            parser.finalize()
+    except ValueError as error:
+        raise BadUpload(f"malformed multipart body: {error}") from error
+    finally:
+        receiver.close()
+    if receiver.too_large:
+        raise UploadTooLarge
+    if receiver.upload.filename is None:
+        raise BadUpload("the form has no 'file' part")
+    return receiver.upload

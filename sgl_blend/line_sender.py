@@ -1,0 +1,114 @@
+"""Sending one OpenAI batch line to a server, and turning its answer into an output or error record.
+
+`sgl-blend run-batch` and the server's batch runner both send lines this way, so a line's record
+and its token accounting are the same whichever path ran it. A line that got no answer at all
+(connection refused or dropped) raises `WorkerUnreachable` instead of becoming a record: it has not
+run, so the caller decides whether to send it again or to give up on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import aiohttp
+
+from sgl_blend.batch_lines import BatchLine, output_record
+
+
+class WorkerUnreachable(Exception):
+    """The server gave no HTTP answer for a line (it may be down or restarting)."""
+
+
+@dataclass(frozen=True)
+class LineUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @classmethod
+    def from_body(cls, body: Any) -> LineUsage:
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if not isinstance(usage, dict):
+            return cls()
+        details = usage.get("prompt_tokens_details") or {}
+        return cls(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                   int(details.get("cached_tokens") or 0))
+
+    def __add__(self, other: LineUsage) -> LineUsage:
+        return LineUsage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens,
+                         self.cached_tokens + other.cached_tokens)
+
+    def report(self, seconds: float) -> dict[str, Any]:
+        """Token counts, cache-hit ratio and rates over ``seconds``: what a finished job reports."""
+        total = self.prompt_tokens + self.completion_tokens
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cache_hit_ratio": round(self.cached_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0,
+            "seconds": round(seconds, 2),
+            "tokens_per_s": round(total / seconds, 1) if seconds else 0.0,
+            "output_tokens_per_s": round(self.completion_tokens / seconds, 1) if seconds else 0.0,
+        }
+
+
+@dataclass(frozen=True)
+class LineOutcome:
+    """A line's answer: ``ok`` lines go to the output file, the others to the error file.
+    ``aborted``: SGLang stopped the request before it finished (``finish_reason`` abort)."""
+
+    ok: bool
+    record: dict[str, Any]
+    usage: LineUsage
+    aborted: bool = False
+
+
+def open_session(max_inflight: int, headers: Mapping[str, str] | None = None) -> aiohttp.ClientSession:
+    """A client session that really keeps ``max_inflight`` requests open (aiohttp's default pool
+    stops at 100), with no overall timeout: a long generation is not a failure."""
+    connector = aiohttp.TCPConnector(limit=max_inflight, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=dict(headers or {}))
+
+
+async def send_line(session: aiohttp.ClientSession, base_url: str, line: BatchLine,
+                    headers: Mapping[str, str] | None = None, rid: str | None = None) -> LineOutcome:
+    """POST the line's body to ``base_url + line.url``; any HTTP answer becomes the line's record.
+    ``rid`` names the request inside SGLang, so that `abort_requests` can stop it."""
+    body = {**line.body, "rid": rid} if rid else line.body
+    try:
+        async with session.post(base_url + line.url, json=body, headers=headers) as response:
+            text = await response.text()
+            status = response.status
+    except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+        raise WorkerUnreachable(f"{base_url}: {type(error).__name__}: {error}") from error
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        body = {"error": {"message": text[:2000]}}
+    if status != 200:
+        return LineOutcome(False, output_record(line.custom_id, status, body), LineUsage())
+    request_id = body.get("id") if isinstance(body, dict) else None
+    aborted = any(choice.get("finish_reason") == "abort" for choice in (body.get("choices") or [])
+                  if isinstance(choice, dict)) if isinstance(body, dict) else False
+    return LineOutcome(not aborted, output_record(line.custom_id, status, body, request_id),
+                       LineUsage.from_body(body), aborted)
+
+
+async def abort_requests(session: aiohttp.ClientSession, base_url: str, rids: list[str],
+                         headers: Mapping[str, str] | None = None) -> None:
+    """Stop requests a server is still running (``POST /abort_request``); each answers at once
+    with ``finish_reason`` abort. Dropping the connection instead leaves SGLang to notice the
+    disconnect on a later poll, which under load lags by many seconds of wasted decoding. A
+    request already gone needs nothing, so failures pass."""
+    async def abort(rid: str) -> None:
+        try:
+            async with session.post(base_url + "/abort_request", json={"rid": rid}, headers=headers) as response:
+                await response.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+
+    await asyncio.gather(*(abort(rid) for rid in rids))

@@ -1,0 +1,82 @@
+"""The runner spreading one batch over two workers. Both are the shared server under two names
+(127.0.0.1 and localhost), so this costs no second server; each line records its worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from server.assignment import split_evenly
+from server.blobs import BlobDir
+from server.ids import new_batch_id, new_file_id
+from server.runner import BatchRunner
+from server.store import BatchRow, BatchStore, FileRow, LineRow
+from sgl_blend.serve import ServerProcess
+from tests.batch.conftest import API_KEY
+from tests.batch.helpers import WAIT_LIMIT_S, chat_lines, jsonl
+
+
+def test_split_evenly_keeps_neighbours_together() -> None:
+    def rows(*numbers: int) -> list[LineRow]:
+        return [LineRow(number, f"id-{number}", 0, 1) for number in numbers]
+
+    assert split_evenly(rows(7, 1, 2, 4, 5), ["a", "b"]) == {"a": [1, 2], "b": [4, 5, 7]}
+    assert split_evenly(rows(3), ["a", "b", "c"]) == {"c": [3]}
+    assert split_evenly([], ["a"]) == {}
+
+
+def test_housekeeping_deletes_expired_files(tmp_path: Path) -> None:
+    """No batch and no server needed: the runner's first step already sweeps expired files."""
+    store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
+    expired, kept = new_file_id(), new_file_id()
+    for file_id, expires_at in ((expired, int(time.time()) - 1), (kept, int(time.time()) + 3600)):
+        blobs.path(file_id).write_bytes(b"{}\n")
+        store.add_file(FileRow(file_id, "batch", "in.jsonl", 3, int(time.time()) - 10, expires_at))
+    runner = BatchRunner(store, blobs, workers=["http://127.0.0.1:9"], owner="test-runner")
+
+    async def one_step() -> None:
+        task = asyncio.create_task(runner.run())
+        while store.get_file(expired) is not None:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(one_step(), WAIT_LIMIT_S))
+    assert not blobs.path(expired).exists()
+    assert store.get_file(kept) is not None and blobs.path(kept).exists()
+    store.close()
+
+
+def test_one_batch_over_two_workers(batch_server: ServerProcess, tmp_path: Path) -> None:
+    store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
+    lines = chat_lines(40, "spread")
+    source = new_file_id()
+    blobs.path(source).write_bytes(jsonl(lines))
+    store.add_file(FileRow(source, "batch", "in.jsonl", blobs.path(source).stat().st_size, int(time.time())))
+    batch = BatchRow(new_batch_id(), "/v1/chat/completions", source, "24h", "validating", int(time.time()),
+                     int(time.time()) + 3600, output_blob=new_file_id(), error_blob=new_file_id())
+    store.add_batch(batch)
+    port = batch_server.base_url.rsplit(":", 1)[1]
+    workers = [batch_server.base_url, f"http://localhost:{port}"]
+    runner = BatchRunner(store, blobs, workers=workers, owner="test-runner", api_key=API_KEY, max_inflight=8)
+
+    async def run_until_finished() -> None:
+        task = asyncio.create_task(runner.run())
+        deadline = time.monotonic() + WAIT_LIMIT_S
+        while store.get_batch(batch.id).status != "completed" and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run_until_finished())
+    finished = store.get_batch(batch.id)
+    assert finished.status == "completed" and finished.completed == 40
+    done = [json.loads(line)["custom_id"] for line in blobs.path(finished.output_file_id).read_text().splitlines()]
+    assert sorted(done) == sorted(line["custom_id"] for line in lines)
+    with store.db.transaction() as tx:
+        shares = tx.execute("SELECT worker, COUNT(*) AS n FROM batch_lines WHERE batch_id = ? GROUP BY worker",
+                            (batch.id,))
+    assert {row["worker"]: row["n"] for row in shares} == {workers[0]: 20, workers[1]: 20}
+    store.close()

@@ -1,0 +1,193 @@
+"""The store's contract, run against both backends: SQLite in a data directory and a real PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from server.db import StoreInUse
+from server.ids import new_batch_id, new_file_id
+from server.store import AlreadyCommitted, BatchCommit, BatchRow, BatchStore, Conflict, FileRow, LeaseLost
+from server.validation import FileRejected, index_input_file
+from tests.batch.conftest import new_database
+from tests.batch.helpers import chat_line, jsonl
+
+_database_numbers = itertools.count()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BatchStore]:
+    if request.param == "sqlite":
+        opened = BatchStore.open("", tmp_path / "data")
+    else:
+        url = new_database(request.getfixturevalue("postgres_url"), f"contract_{next(_database_numbers)}")
+        opened = BatchStore.open(url, tmp_path / "data")
+    yield opened
+    opened.close()
+
+
+def a_file(created_at: int = 100, purpose: str = "batch") -> FileRow:
+    return FileRow(new_file_id(), purpose, "in.jsonl", 10, created_at)
+
+
+def a_batch(input_file_id: str, created_at: int = 100) -> BatchRow:
+    return BatchRow(new_batch_id(), "/v1/chat/completions", input_file_id, "24h", "validating", created_at,
+                    created_at + 86400, output_blob=new_file_id(), error_blob=new_file_id(), metadata={"k": "v"})
+
+
+def started(store: BatchStore, tmp_path: Path, lines: list, owner: str = "runner-a") -> BatchRow:
+    """A batch taken up by ``owner`` and validated from a real input file."""
+    source = a_file()
+    store.add_file(source)
+    batch = a_batch(source.id)
+    store.add_batch(batch)
+    store.claim_batches(owner, now=1000.0, lease_s=30)
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(jsonl(lines))
+    store.start_batch(batch.id, owner, index_input_file(path, batch.endpoint, 100), now=1001)
+    return store.get_batch(batch.id)
+
+
+def test_files_page_and_delete(store: BatchStore) -> None:
+    files = [a_file(created_at=100 + index) for index in range(5)]
+    for row in files:
+        store.add_file(row)
+    store.add_file(a_file(purpose="batch_output"))
+    page, more = store.list_files(after=None, limit=2, order="desc", purpose="batch")
+    assert [row.id for row in page] == [files[4].id, files[3].id] and more
+    page, more = store.list_files(after=files[3].id, limit=10, order="desc", purpose="batch")
+    assert [row.id for row in page] == [files[2].id, files[1].id, files[0].id] and not more
+    page, _ = store.list_files(after=files[1].id, limit=2, order="asc")
+    assert [row.id for row in page] == [files[2].id, files[3].id]
+    with pytest.raises(KeyError):
+        store.list_files(after="file-unknown", limit=2)
+    assert store.get_file(files[0].id) == files[0]
+    assert store.delete_file(files[0].id) == files[0]
+    assert store.get_file(files[0].id) is None and store.delete_file(files[0].id) is None
+
+
+def test_an_input_file_cannot_be_deleted_under_an_unfinished_batch(store: BatchStore) -> None:
+    source = a_file()
+    store.add_file(source)
+    store.add_batch(a_batch(source.id))
+    with pytest.raises(Conflict):
+        store.delete_file(source.id)
+    assert store.get_file(source.id) is not None
+
+
+def test_batches_page_newest_first(store: BatchStore) -> None:
+    source = a_file()
+    store.add_file(source)
+    batches = [a_batch(source.id) for _ in range(4)]
+    for row in batches:
+        store.add_batch(row)
+    page, more = store.list_batches(after=None, limit=3)
+    assert [row.id for row in page] == [row.id for row in batches[::-1][:3]] and more
+    page, more = store.list_batches(after=page[-1].id, limit=3)
+    assert [row.id for row in page] == [batches[0].id] and not more
+    assert store.get_batch(batches[0].id).metadata == {"k": "v"}
+
+
+def test_leases_fence_a_second_runner(store: BatchStore) -> None:
+    source = a_file()
+    store.add_file(source)
+    batch = a_batch(source.id)
+    store.add_batch(batch)
+    assert [row.id for row in store.claim_batches("runner-a", now=1000.0, lease_s=30)] == [batch.id]
+    assert store.claim_batches("runner-b", now=1010.0, lease_s=30) == []
+    assert [row.id for row in store.claim_batches("runner-a", now=1020.0, lease_s=30)] == [batch.id]
+    assert store.claim_batches("runner-b", now=1049.0, lease_s=30) == []
+    assert [row.id for row in store.claim_batches("runner-b", now=1051.0, lease_s=30)] == [batch.id]
+    with pytest.raises(LeaseLost):
+        store.commit_results("runner-a", BatchCommit(batch.id, completed_lines=[1], output_bytes=10))
+    assert store.get_batch(batch.id).output_bytes == 0
+    assert [row.id for row in store.claim_batches("runner-c", now=1052.0, lease_s=30, steal=True)] == [batch.id]
+    store.release("runner-c")
+    assert [row.id for row in store.claim_batches("runner-a", now=1053.0, lease_s=30)] == [batch.id]
+
+
+def test_validation_indexes_lines_and_bad_ones_carry_their_error(store: BatchStore, tmp_path: Path) -> None:
+    wrong_url = {**chat_line("c"), "url": "/v1/embeddings"}
+    batch = started(store, tmp_path, [chat_line("a"), "", "{oops", chat_line("a"), wrong_url, chat_line("b")])
+    assert batch.status == "in_progress" and batch.total == 5 and batch.in_progress_at == 1001
+    lines = store.pending_lines(batch.id, after_line=0, limit=10)
+    assert [(line.line_number, line.custom_id, line.error_code) for line in lines] == [
+        (1, "a", None), (3, None, "invalid_json"), (4, None, "duplicate_custom_id"), (5, "c", "invalid_url"),
+        (6, "b", None)]
+    again = index_input_file(tmp_path / "input.jsonl", batch.endpoint, 100)
+    assert store.start_batch(batch.id, "runner-a", again, now=1002) is None  # a stale second start changes nothing
+    assert store.get_batch(batch.id).in_progress_at == 1001
+    text = (tmp_path / "input.jsonl").read_bytes()
+    assert json.loads(text[lines[4].byte_offset:lines[4].byte_offset + lines[4].byte_length])["custom_id"] == "b"
+    assert [line.line_number for line in store.pending_lines(batch.id, after_line=3, limit=2)] == [4, 5]
+
+
+def test_a_rejected_file_leaves_no_lines_behind(store: BatchStore, tmp_path: Path) -> None:
+    source = a_file()
+    store.add_file(source)
+    batch = a_batch(source.id)
+    store.add_batch(batch)
+    store.claim_batches("runner-a", now=1000.0, lease_s=30)
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(jsonl([chat_line(str(index)) for index in range(5)]))
+    with pytest.raises(FileRejected) as rejected:
+        store.start_batch(batch.id, "runner-a", index_input_file(path, batch.endpoint, max_lines=4), now=1001)
+    assert rejected.value.code == "too_many_requests"
+    assert store.pending_lines(batch.id, after_line=0, limit=10) == []
+    store.fail_batch(batch.id, "runner-a", [rejected.value.as_batch_error()], now=1002)
+    failed = store.get_batch(batch.id)
+    assert failed.status == "failed" and failed.errors[0]["code"] == "too_many_requests"
+
+
+def test_commits_count_each_line_once_and_assign_workers(store: BatchStore, tmp_path: Path) -> None:
+    batch = started(store, tmp_path, [chat_line(str(index)) for index in range(6)])
+    store.assign(batch.id, "runner-a", {"http://w1": [1, 2, 3], "http://w2": [4, 5, 6]})
+    assert [line.line_number for line in store.pending_lines(batch.id, after_line=0, limit=9, worker="http://w2")] \
+        == [4, 5, 6]
+    store.commit_results("runner-a", BatchCommit(batch.id, completed_lines=[1, 2], failed_lines=[4], input_tokens=30,
+                                                 cached_tokens=10, output_tokens=8, output_bytes=200, error_bytes=90))
+    with pytest.raises(AlreadyCommitted) as twice:
+        store.commit_results("runner-a", BatchCommit(batch.id, completed_lines=[2, 3], output_bytes=300))
+    assert twice.value.lines == {2}
+    row = store.get_batch(batch.id)
+    assert (row.completed, row.failed, row.output_bytes, row.error_bytes) == (2, 1, 200, 90)
+    assert (row.input_tokens, row.cached_tokens, row.output_tokens) == (30, 10, 8)
+    assert [line.line_number for line in store.pending_lines(batch.id)] == [3, 5, 6]
+
+
+def test_finishing_respects_the_state_a_cancel_left(store: BatchStore, tmp_path: Path) -> None:
+    batch = started(store, tmp_path, [chat_line("x")])
+    assert store.request_cancel(batch.id, now=1100).status == "cancelling"
+    assert store.request_cancel(batch.id, now=1101).cancelling_at == 1100
+    store.set_finalizing(batch.id, "runner-a", now=1102)
+    assert not store.finish(batch.id, "runner-a", "completed", 1103, None, None)
+    output = FileRow(batch.output_blob, "batch_output", "out.jsonl", 120, 1104)
+    assert store.finish(batch.id, "runner-a", "cancelled", 1104, output, None)
+    row = store.get_batch(batch.id)
+    assert (row.status, row.cancelled_at, row.output_file_id, row.error_file_id, row.owner) == \
+        ("cancelled", 1104, batch.output_blob, None, None)
+    assert store.get_file(batch.output_blob) == output
+    with pytest.raises(Conflict):
+        store.request_cancel(batch.id, now=1105)
+    assert store.claim_batches("runner-a", now=1106.0, lease_s=30) == []
+
+
+def test_expired_files_are_listed(store: BatchStore) -> None:
+    keep, old = a_file(), FileRow(new_file_id(), "batch", "old.jsonl", 1, 100, expires_at=200)
+    store.add_file(keep)
+    store.add_file(old)
+    assert store.expired_files(199) == [] and store.expired_files(200) == [old]
+
+
+def test_one_sqlite_store_per_data_directory(tmp_path: Path) -> None:
+    first = BatchStore.open("", tmp_path)
+    with pytest.raises(StoreInUse):
+        BatchStore.open("", tmp_path)
+    first.close()
+    BatchStore.open("", tmp_path).close()
+    with pytest.raises(ValueError):
+        BatchStore.open("mysql://somewhere", tmp_path)
