@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench.batch_files import fewshot_lines, iter_sharegpt_conversations
+from bench.workloads.arrivals import arrival_times
 from sgl_blend.batch_lines import BatchLine, parse_line
 from sgl_blend.colocation_launch import colocation_launch, with_free_port
 from sgl_blend.core.colocation import ColocationConfig
@@ -60,25 +61,10 @@ def sharegpt_prompts(n: int, seed: int, max_chars: int, max_tokens_cap: int) -> 
     return prompts[:n]
 
 
-def arrivals(rate_at: Callable[[float], float], peak: float, duration_s: float, seed: int) -> list[float]:
-    """A Poisson process with rate ``rate_at(t)``, by thinning one of rate ``peak``."""
-    rng = random.Random(seed)
-    times, now = [], 0.0
-    while True:
-        now += rng.expovariate(peak)
-        if now >= duration_s:
-            return times
-        if rng.random() < rate_at(now) / peak:
-            times.append(now)
-
-
 def online_trace(pattern: str, rate: float, duration_s: float, period_s: float, prompts: Sequence[tuple[str, int]],
                  seed: int) -> list[OnlineRequest]:
-    """``poisson`` at ``rate``, or ``bursty``: the same mean rate, 1.5x and 0.5x alternating (3x swings)."""
-    if pattern == "poisson":
-        times = arrivals(lambda _t: rate, rate, duration_s, seed)
-    else:
-        times = arrivals(lambda t: rate * (1.5 if (t % period_s) < period_s / 2 else 0.5), 1.5 * rate, duration_s, seed)
+    """ShareGPT prompts at `arrival_times` of ``pattern`` (Poisson, or bursty with 3x swings)."""
+    times = arrival_times(pattern, rate, duration_s, period_s, seed)
     return [OnlineRequest(t, *prompts[index % len(prompts)]) for index, t in enumerate(times)]
 
 

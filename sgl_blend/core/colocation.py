@@ -116,7 +116,7 @@ class ColocationConfig:
         return ColocationConfig.from_dict({**asdict(self), **changes})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunningRequest:
     """A request that decodes this iteration. ``reserved`` is the KV it may still add."""
 
@@ -212,8 +212,9 @@ class IterationBudget:
             self.chunk_left -= tokens
 
     def add_online_decode(self, context: int) -> None:
-        self.batch = self.batch.with_decode(context)
-        self.decodes = self.decodes.with_decode(context + 1)
+        if self.model is not None:
+            self.batch = self.batch.with_decode(context)
+            self.decodes = self.decodes.with_decode(context + 1)
         self._charge_chunk(1)
 
     def add_online_prefill(self, extend: int, prefix: int = 0) -> None:
@@ -222,9 +223,14 @@ class IterationBudget:
         self._charge_chunk(extend)
 
     def try_offline_decode(self, context: int) -> bool:
-        """Keep an offline decode if the batch still fits; its KV is already held."""
+        """Keep an offline decode if the batch still fits; its KV is already held. Without a time
+        budget nothing reads the shapes, so they are not built (a scheduler calls this for every
+        running request, every iteration)."""
+        if self.model is None:
+            self._charge_chunk(1)
+            return True
         batch = self.batch.with_decode(context)
-        if self.model is not None and self.model.predict(batch) > self.latency_s:
+        if self.model.predict(batch) > self.latency_s:
             return False
         self.batch = batch
         self.decodes = self.decodes.with_decode(context + 1)

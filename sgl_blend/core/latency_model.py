@@ -43,12 +43,15 @@ class BatchShape:
     def with_prefill(self, extend: int, prefix: int = 0) -> BatchShape:
         if extend <= 0:
             return self
-        return replace(self, prefill_tokens=self.prefill_tokens + extend, prefill_reqs=self.prefill_reqs + 1,
-                       prefill_attention=self.prefill_attention + extend * (prefix + extend))
+        return BatchShape(self.prefill_tokens + extend, self.prefill_reqs + 1,
+                          self.prefill_attention + extend * (prefix + extend), self.decode_reqs,
+                          self.decode_context, self.decode_max_context)
 
     def with_decode(self, context: int) -> BatchShape:
-        return replace(self, decode_reqs=self.decode_reqs + 1, decode_context=self.decode_context + context,
-                       decode_max_context=max(self.decode_max_context, context))
+        # Direct construction: a scheduler grows one shape per request every iteration, and
+        # `dataclasses.replace` costs several times as much.
+        return BatchShape(self.prefill_tokens, self.prefill_reqs, self.prefill_attention, self.decode_reqs + 1,
+                          self.decode_context + context, max(self.decode_max_context, context))
 
     def is_empty(self) -> bool:
         return self.prefill_reqs == 0 and self.decode_reqs == 0
