@@ -192,8 +192,8 @@ class BatchRunner:
         rows = await asyncio.to_thread(self.store.claim_batches, self.owner, time.time(), self.lease_s, steal=steal)
         held = {row.id: row for row in rows}
         for batch_id in list(self._active):
-            if batch_id not in held:
-                self._drop(batch_id)
+            if batch_id not in held or batch_id in self._writer.lost_batches:
+                self._drop(batch_id)  # a batch the writer let go is taken up afresh if still held
         for row in held.values():
             batch = self._active.get(row.id)
             if batch is None:
