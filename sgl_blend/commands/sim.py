@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from sgl_blend.sim.engine import EngineConfig
     from sgl_blend.sim.metrics import compare_to, summarise, workload_bound
     from sgl_blend.sim.overlap import DEFAULT_INTERFERENCE, overlap_function
-    from sgl_blend.sim.plot import plot_steps
+    from sgl_blend.sim.plot import binned, plot_steps
     from sgl_blend.sim.run import SIM_POLICIES, simulate
 
     policies = args.policy.split(",")
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         report["policies"][name] = summarise(results[name], bound)
     compare_to(report["policies"], results, "dfs")
     if args.plot:
-        plot_steps(results, args.plot, f"{args.workload} on {model.name} / {hardware.name}")
+        plot_steps({name: binned(result) for name, result in results.items()}, args.plot, f"{args.workload} on {model.name} / {hardware.name}")
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -16,7 +16,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 GIB = 1024**3
+# SGLang's admission holds back decode room for every running request (``schedule_policy.py``):
+# ``min(max_new_tokens - decoded, CLIP_MAX_NEW_TOKENS)`` tokens, times the new-token ratio unless
+# the request is ``ignore_eos``. The ratio starts at 0.7 after a retraction and decays to 0.1 over
+# 600 decode steps, where it sits while nothing is retracted.
+CLIP_MAX_NEW_TOKENS = 4096
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
 
 
@@ -153,6 +163,38 @@ class CostModel:
     def kv_footprint(self, prompt: int, output: int) -> float:
         """Average KV tokens a request holds over its life: the paper's ``p + d/2``."""
         return prompt + output / 2.0
+
+    def kv_commitment(self, prompt: int, output: int, max_new_tokens: int, exact: bool) -> float:
+        """Average KV tokens SGLang's admission counts against a running request: what it holds
+        (``p + d/2``) plus the decode room it holds back (see `decode_reserve`)."""
+        return self.kv_footprint(prompt, output) + decode_reserve(output, max_new_tokens, exact)
+
+
+def reserve_at(decoded, max_new_tokens, exact):
+    """The room SGLang's admission holds back for a running request that has decoded ``decoded``
+    tokens: ``min(max_new_tokens - decoded, CLIP)``, times the steady new-token ratio unless the
+    request is ``ignore_eos``. Takes numbers or numpy arrays alike."""
+    ratio = np.where(exact, 1.0, MIN_NEW_TOKEN_RATIO)
+    return ratio * np.minimum(np.maximum(np.subtract(max_new_tokens, decoded), 0), CLIP_MAX_NEW_TOKENS)
+
+
+def decode_reserve(output: int, max_new_tokens: int, exact: bool) -> float:
+    """Mean over a request's ``output`` decode steps of the room SGLang reserves for it,
+    ``min(max_new_tokens - k, CLIP) * ratio`` at step k, at the steady ratio.
+
+    It matters for long ``ignore_eos`` outputs: a 16K-token video request holds back close to
+    4096 tokens for most of its life, so a memory share counted in ``p + d/2`` alone would
+    promise the engine 40% more requests than its admission check lets in.
+    """
+    if output <= 0:
+        return 0.0
+    ratio = 1.0 if exact else MIN_NEW_TOKEN_RATIO
+    start = max(max_new_tokens, output)
+    # sum over k in [0, output) of min(start - k, CLIP): the clipped part, then the tail below CLIP
+    clipped = min(output, max(start - CLIP_MAX_NEW_TOKENS, 0))
+    tail_first, tail_last = start - clipped, start - output + 1
+    tail = (tail_first + tail_last) * (tail_first - tail_last + 1) / 2.0 if output > clipped else 0.0
+    return ratio * (clipped * CLIP_MAX_NEW_TOKENS + tail) / output
 
 
 def optimal_time(t_comp: float, t_mem: float, sharing: float) -> float:

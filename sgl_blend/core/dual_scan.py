@@ -3,90 +3,274 @@
 A plan's order runs from compute-heavy to memory-heavy. One cursor walks the compute side from
 the left, the other the memory side from the right (both in DFS order, so each keeps prefix
 sharing), and KV memory is partitioned so that the two sides together hold work at the root's
-density: ``M_L rho_L + M_R rho_R = M rho_root``, with the densities of the plan (a re-plan
-refreshes them as the pending set changes). A side whose share is full waits
-for its own requests to finish; a request that outgrows its estimate on the compute side is
-moved to the memory side's account.
+density: ``M_L rho_L + M_R rho_R = M rho_root`` (step 1). Each side's share then fixes how many
+of its requests decode at once, ``N = M_side / (p + d/2)``, and how fast they must be replaced,
+``C = N p / d`` prefill tokens per iteration (steps 2-3).
+
+What makes that hold in a running engine rather than only on paper:
+
+- Densities are of the work still to do -- pending requests and what running ones have left --
+  with the compute a request saves by reusing its neighbour's prefix taken off (the paper's
+  ``(1 - s) T_comp``). The partition then gives each side memory in proportion to its remaining
+  memory work, so both sides run out together instead of one finishing early and leaving the
+  other to run alone.
+- Each side is paced (``paced=True``): it earns credit every iteration at its Alg. 3 rate and
+  spends it on admissions, so its requests enter staggered as memory frees. Filling a whole share
+  at once would start its requests in lockstep: their KV would grow together to twice the
+  planned average and free together, and the batch would swing between compute-only and
+  memory-only.
+- Shares are counted in what the engine's admission counts (`Load.commit`), which for a long
+  ``ignore_eos`` output includes the decode room SGLang holds back for it. A memory-side
+  request is admitted only if the side's requests, growing as they decode, never need more than
+  the side's share (`peak_commitment`): its share holds on average, and without that check the
+  oldest, longest requests could outgrow it and take the room the compute side was promised.
+
+A side with nothing left to do cedes its memory; a request that outgrows its estimate on the
+compute side is moved to the memory side's account.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
 from sgl_blend.core.cost_model import memory_partition
+from sgl_blend.core.scan_load import Load, LoadTotals, peak_commitment
 
 COMPUTE = "compute"
 MEMORY = "memory"
+SIDES = (COMPUTE, MEMORY)
+# Credit a side may bank while it cannot admit (its share is full, or the engine's memory is):
+# at least this many iterations' worth, or one lifetime of its mean request, so a side held back
+# by its requests' growth makes the admissions up later and keeps pace with the other side.
+BANKED_ITERATIONS = 256
+# Making up is spread out: a side spends credit at most this many times as fast as it earns it,
+# so requests held back never start together and then grow and finish in lockstep.
+CATCH_UP = 2.0
+# How often (in iterations) what running requests have left is re-estimated for the partition.
+REFRESH_ITERATIONS = 32
+# The part of KV memory the partition plans to fill. Shares are met on average; the rest absorbs
+# what the averages miss -- a side's requests growing older together, shared prefixes in the
+# cache, the full decode room a new request reserves on admission -- so that the memory side's
+# growth check (which may use all of it) seldom has to hold admissions back.
+PLANNED_UTILISATION = 0.9
+
+
+@dataclass(slots=True)
+class _Running:
+    side: str
+    held: float
+    load: Load
+    started: int
+    decoded: int = 0
+    left: tuple[float, float, float] = field(default=(0.0, 0.0, 0.0))
 
 
 class DualScanner:
-    """Scans one plan. Costs come from callbacks so estimates can change while it runs."""
+    """Scans one plan. Loads come from a callback so estimates can change between plans.
 
-    def __init__(
-        self,
-        order: list[int],
-        boundary: int,
-        capacity: float,
-        cost: Callable[[int], tuple[float, float]],
-        footprint: Callable[[int], float],
-    ) -> None:
+    ``paced`` turns on per-side credit (`advance` pays it out) and the memory side's growth
+    check; without it a side admits whenever its share has room, which is how the single-cursor
+    policies use the scanner.
+    """
+
+    def __init__(self, order: list[int], boundary: int, capacity: float, load: Callable[[int], Load],
+                 *, paced: bool = False) -> None:
         self.order = order
         self.boundary = boundary
         self.capacity = capacity
-        self._cost = cost
-        self._footprint = footprint
+        self.paced = paced
+        self._load = load
+        self._version = 0
+        self._reports = 0
+        self._derived: tuple[tuple[int, float], tuple] | None = None
+        self._peak_cache: tuple[object, float] = (None, 0.0)
         self._left = 0
         self._right = len(order) - 1
         self._done: set[int] = set()
         self._taken = 0
         self._retry: dict[str, list[int]] = {COMPUTE: [], MEMORY: []}
-        self.side_of: dict[int, str] = {}
-        self.held: dict[int, float] = {}
+        self._running: dict[int, _Running] = {}
         self.used = {COMPUTE: 0.0, MEMORY: 0.0}
-        self._remaining = {COMPUTE: [0.0, 0.0], MEMORY: [0.0, 0.0]}
+        self.credit = {COMPUTE: 0.0, MEMORY: 0.0}
+        self._next_spend = {COMPUTE: 0.0, MEMORY: 0.0}
+        self.clock = 0
+        self._refreshed = 0
+        self._left_running = {COMPUTE: [0.0, 0.0, 0.0], MEMORY: [0.0, 0.0, 0.0]}
+        self._remaining = {COMPUTE: LoadTotals(), MEMORY: LoadTotals()}
+        self._region: dict[int, str] = {}
+        self._loads: dict[int, Load] = {}
         for index, request in enumerate(order):
-            comp, mem = cost(request)
-            side = self._remaining[COMPUTE if index < boundary else MEMORY]
-            side[0] += comp
-            side[1] += mem
-        self._region = {request: (COMPUTE if index < boundary else MEMORY) for index, request in enumerate(order)}
-        self._planned = {side: tuple(totals) for side, totals in self._remaining.items()}
-        self._shape: dict[str, tuple[float, float]] = {}
+            side = COMPUTE if index < boundary else MEMORY
+            self._region[request] = side
+            self._loads[request] = load(request)
+            self._remaining[side].add(self._loads[request])
+        if paced:
+            self.credit = dict(self._earning())
 
-    def set_side_shapes(self, shapes: dict[str, tuple[float, float]]) -> None:
-        """Mean prompt and output length of each side's requests, for the prefill budget."""
-        self._shape = shapes
+    def side(self, request: int) -> str | None:
+        """The side a running request counts against, or None if it is not running."""
+        run = self._running.get(request)
+        return run.side if run is not None else None
 
-    def prefill_budget(self) -> float | None:
-        """Prefill tokens per iteration (Alg. 3, steps 2-3): a side's memory share holds
-        ``N = M / (p + d/2)`` decoding requests, and replacing them as they finish takes
-        ``C = N p / d`` prefill tokens per decode step. Spreading prefill this thinly is what
-        lets every iteration overlap compute with memory instead of alternating between them."""
-        if not self._shape:
-            return None
-        budgets = self.budgets()
-        total = 0.0
-        for side, (prompt, output) in self._shape.items():
-            if output > 0 and budgets.get(side, 0.0) > 0:
-                total += budgets[side] / (prompt + output / 2.0) * prompt / output
-        return total
+    def held(self, request: int) -> float:
+        """KV tokens a running request is charged against its side's share."""
+        return self._running[request].held
+
+    def carry_over(self, previous: DualScanner) -> None:
+        """Take over what an earlier plan's scanner has running, its clock and its credit."""
+        self._changed()
+        self.clock = self._refreshed = previous.clock
+        for request, run in previous._running.items():
+            self._running[request] = run
+            self.used[run.side] += run.held
+            self._add_left(run, +1)
+        if self.paced and previous.paced:
+            self.credit = dict(previous.credit)
+            self._next_spend = dict(previous._next_spend)
+
+    # -- the partition (Alg. 3, steps 1-3) ------------------------------------------------------
+
+    def _work(self, side: str) -> tuple[float, float, float]:
+        """(compute, memory, KV-token-iterations) a side has left: pending plus running."""
+        pending, running = self._remaining[side], self._left_running[side]
+        return pending.comp + running[0], pending.mem + running[1], pending.kv_steps + running[2]
+
+    def _changed(self) -> None:
+        self._version += 1
+
+    def _partition(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """Budgets, rates and earnings, recomputed only when the scanner's state has changed: an
+        engine asks for them several times an iteration."""
+        key = (self._version, self.capacity)
+        if self._derived is None or self._derived[0] != key:
+            budgets = self._budgets()
+            rates = self._rates(budgets)
+            self._derived = (key, (budgets, rates, self._earnings(rates)))
+        return self._derived[1]
 
     def budgets(self) -> dict[str, float]:
-        """``M_L`` and ``M_R`` from the planned densities of root and sides (Alg. 3, step 1),
-        with the degenerate cases: a side with nothing left pending cedes all memory."""
-        left_comp, left_mem = self._planned[COMPUTE]
-        right_comp, right_mem = self._planned[MEMORY]
-        if not self._has_pending(COMPUTE):
-            return {COMPUTE: 0.0, MEMORY: self.capacity}
-        if not self._has_pending(MEMORY):
-            return {COMPUTE: self.capacity, MEMORY: 0.0}
-        rho_left = left_comp / left_mem if left_mem > 0 else float("inf")
-        rho_right = right_comp / right_mem if right_mem > 0 else 0.0
+        return dict(self._partition()[0])
+
+    def rates(self) -> dict[str, float]:
+        return dict(self._partition()[1])
+
+    def _earning(self) -> dict[str, float]:
+        return self._partition()[2]
+
+    def _budgets(self) -> dict[str, float]:
+        """``M_L`` and ``M_R`` (Alg. 3, step 1) for the work left, in the engine's KV tokens.
+
+        The partition is solved on KV traffic, where the paper states it, then each side's
+        traffic is converted to what its requests commit in the engine per unit of traffic. A
+        side keeps its share while its running requests still have work, even with nothing left
+        to admit: the other side then spreads what it has left over that tail instead of rushing
+        through it and leaving the tail to run alone. A side with no work left cedes its share."""
+        total = self.capacity * (PLANNED_UTILISATION if self.paced else 1.0)
+        work = {side: tuple(max(amount, 0.0) for amount in self._work(side)) for side in SIDES}
+        active = {side: self._has_pending(side) or (self.paced and self._running_on(side)) for side in SIDES}
+        for side, other in ((COMPUTE, MEMORY), (MEMORY, COMPUTE)):
+            if not active[other] or min(work[other][1:]) <= 0:
+                return {side: total, other: 0.0}
+        (left_comp, left_mem, left_kv), (right_comp, right_mem, right_kv) = work[COMPUTE], work[MEMORY]
         rho_root = (left_comp + right_comp) / (left_mem + right_mem)
-        if rho_left == float("inf"):
-            return {COMPUTE: self.capacity, MEMORY: 0.0}
-        left, right = memory_partition(self.capacity, rho_root, rho_left, rho_right)
-        return {COMPUTE: left, MEMORY: right}
+        traffic_left, traffic_right = memory_partition(1.0, rho_root, left_comp / left_mem, right_comp / right_mem)
+        commit_left = traffic_left * left_kv / left_mem
+        commit_right = traffic_right * right_kv / right_mem
+        scale = total / (commit_left + commit_right)
+        return {COMPUTE: commit_left * scale, MEMORY: commit_right * scale}
+
+    def _rates(self, budgets: dict[str, float]) -> dict[str, float]:
+        """Admissions per iteration that keep each side's share full in steady state: a share
+        ``M`` holds ``M / commit`` requests, each for ``steps`` iterations (Alg. 3, step 2)."""
+        rates = {}
+        for side in SIDES:
+            totals = self._remaining[side]
+            rates[side] = budgets[side] * totals.count / totals.kv_steps if totals.kv_steps > 0 else 0.0
+        return rates
+
+    def prefill_budget(self) -> float | None:
+        """Prefill tokens per iteration, ``C_L + C_R`` (Alg. 3, step 3): each side's admission
+        rate times its mean prefill. Spreading prefill this thinly is what lets every iteration
+        overlap compute with memory instead of alternating between them."""
+        rates = self._partition()[1]
+        budget = sum(rates[side] * self._remaining[side].prefill / self._remaining[side].count
+                     for side in SIDES if self._remaining[side].count)
+        return budget or None
+
+    def _earnings(self, rates: dict[str, float]) -> dict[str, float]:
+        """Credit per iteration: a side's admission rate times the mean of what it is paced in --
+        compute for the compute side, KV traffic for the memory side -- so the compute per
+        iteration stays level whatever the prompt lengths, and so does the memory however long
+        the outputs."""
+        earning = {}
+        for side in SIDES:
+            totals = self._remaining[side]
+            amount = totals.comp if side == COMPUTE else totals.mem
+            earning[side] = rates[side] * amount / totals.count if totals.count else 0.0
+        return earning
+
+    def _load_of(self, request: int) -> Load:
+        load = self._loads.get(request)
+        return load if load is not None else self._load(request)
+
+    def _price(self, side: str, request: int) -> float:
+        load = self._load_of(request)
+        return load.comp if side == COMPUTE else load.mem
+
+    def advance(self, iterations: int) -> None:
+        """The engine ran ``iterations`` more iterations: pay each side its credit for them."""
+        if iterations <= 0:
+            return
+        self.clock += iterations
+        if self.clock - self._refreshed >= REFRESH_ITERATIONS:
+            self._refresh_left()
+        if self.paced:
+            for side, earning in self._earning().items():
+                totals = self._remaining[side]
+                lifetime = totals.steps / totals.count if totals.count else 0.0
+                self.credit[side] = min(self.credit[side] + earning * iterations,
+                                        earning * max(BANKED_ITERATIONS, lifetime))
+
+    # -- running requests ------------------------------------------------------------------------
+
+    def _decoded(self, run: _Running) -> int:
+        """Tokens a running request has decoded: its last report, or, if the clock says more,
+        one per iteration since admission (never less than it really has, so the growth check
+        errs on the safe side)."""
+        return max(run.decoded, min(self.clock - run.started, max(run.load.steps, run.decoded)))
+
+    def _add_left(self, run: _Running, sign: int) -> None:
+        totals = self._left_running[run.side]
+        for position, amount in enumerate(run.left):
+            totals[position] += sign * amount
+
+    def _refresh_left(self) -> None:
+        self._changed()
+        self._refreshed = self.clock
+        self._left_running = {COMPUTE: [0.0, 0.0, 0.0], MEMORY: [0.0, 0.0, 0.0]}
+        for run in self._running.values():
+            run.left = run.load.left_after(self._decoded(run))
+            self._add_left(run, +1)
+
+    def progress(self, request: int, decoded: int) -> None:
+        run = self._running.get(request)
+        if run is not None and decoded > run.decoded:
+            run.decoded = decoded
+            self._reports += 1
+
+    def peak_commitment(self, side: str, extra: Load | None = None) -> float:
+        """The most KV the engine will count against a side's running requests (and ``extra``,
+        started now) as they decode on to their estimated lengths (see `peak_commitment`)."""
+        key = (self._version, self._reports, self.clock, side, extra)
+        if self._peak_cache[0] != key:
+            tracks = [(run.load, self._decoded(run)) for run in self._running.values() if run.side == side]
+            if extra is not None:
+                tracks.append((extra, 0))
+            self._peak_cache = (key, peak_commitment(tracks))
+        return self._peak_cache[1]
+
+    # -- proposing and admitting -----------------------------------------------------------------
 
     def _has_pending(self, side: str) -> bool:
         return bool(self._retry[side]) or self._peek(side, set()) is not None
@@ -112,45 +296,85 @@ class DualScanner:
                 index -= 1
         return None
 
-    def _advance(self) -> None:
+    def _advance_cursors(self) -> None:
         while self._left < len(self.order) and self.order[self._left] in self._done:
             self._left += 1
         while self._right >= 0 and self.order[self._right] in self._done:
             self._right -= 1
 
+    def _spend_after(self, side: str, start: float, request: int, earning: float) -> float:
+        """When a side may spend again after spending on ``request`` from ``start``: its price
+        takes ``price / (CATCH_UP * earning)`` iterations to pay at the catch-up rate."""
+        return max(start, self.clock) + self._price(side, request) / (CATCH_UP * earning) if earning > 0 else float("inf")
+
+    def _fits(self, side: str, request: int, used: float, budgets: dict[str, float]) -> bool:
+        """Within the side's share. A paced side is held to its share on average by its pacing,
+        so the hard limits only guard what pacing cannot: the memory side's requests may grow
+        into all the memory the compute side's share does not need, never into that share; the
+        compute side's requests live a few dozen iterations, so a share of a few dozen requests
+        would stall it whenever some long prompts arrive together, and only the engine's free
+        memory limits it."""
+        if self.paced and side == MEMORY:
+            room = self.capacity - max(budgets[COMPUTE], self.used[COMPUTE])
+            return not self._running_on(MEMORY) or self.peak_commitment(MEMORY, self._load_of(request)) <= room
+        if self.paced:
+            return True
+        return used + self._commit(request) <= budgets[side] or (used == 0 and budgets[side] > 0)
+
+    def _running_on(self, side: str) -> bool:
+        return any(run.side == side for run in self._running.values())
+
     def propose(self, free: float, limit: int) -> list[tuple[int, str]]:
         """Requests to admit now and the side each counts against, alternating toward the side
-        with the most unused share, until both shares (or ``free``) are exhausted."""
+        with the most unused share, until both sides are out of share, credit or ``free``."""
         budgets = self.budgets()
+        earning = self._earning() if self.paced else {}
+        next_spend = dict(self._next_spend)
         used = dict(self.used)
+        credit = dict(self.credit)
         chosen: list[tuple[int, str]] = []
         skip: set[int] = set()
         blocked: set[str] = set()
         while len(chosen) < limit and len(blocked) < 2:
-            open_sides = [side for side in (COMPUTE, MEMORY) if side not in blocked]
+            open_sides = [side for side in SIDES if side not in blocked]
             side = max(open_sides, key=lambda s: budgets[s] - used[s])
             request = self._peek(side, skip)
-            if request is None:
+            # An idle engine runs no iterations and so pays no credit: it may always start one.
+            idle = not self._running and not chosen
+            if request is None or (self.paced and not idle and (
+                    credit[side] <= 0 or next_spend[side] > self.clock + 1)):
                 blocked.add(side)
                 continue
-            size = self._footprint(request)
-            fits_side = used[side] + size <= budgets[side] or (used[side] == 0 and budgets[side] > 0)
-            if not fits_side or size > free:
+            size = self._commit(request)
+            if size > free or not self._fits(side, request, used[side], budgets):
                 blocked.add(side)
                 continue
             chosen.append((request, side))
             skip.add(request)
             used[side] += size
+            if self.paced:
+                credit[side] -= self._price(side, request)
+                next_spend[side] = self._spend_after(side, next_spend[side], request, earning[side])
             free -= size
         return chosen
 
+    def _commit(self, request: int) -> float:
+        return self._load_of(request).commit
+
     def admit(self, request: int, side: str) -> None:
+        self._changed()
+        load = self._load_of(request)
         if request in self._retry[side]:
             self._retry[side].remove(request)
-        size = self._footprint(request)
-        self.side_of[request] = side
-        self.held[request] = size
-        self.used[side] += size
+            self._remaining[side].add(load, -1)
+        run = _Running(side, load.commit, load, self.clock)
+        run.left = load.left_after(0)
+        self._running[request] = run
+        self.used[side] += run.held
+        self._add_left(run, +1)
+        if self.paced:
+            self.credit[side] -= self._price(side, request)
+            self._next_spend[side] = self._spend_after(side, self._next_spend[side], request, self._earning()[side])
         self._take(request)
 
     def _take(self, request: int) -> None:
@@ -158,43 +382,51 @@ class DualScanner:
         earlier plan and requeued here are not in the order and need no bookkeeping)."""
         if request in self._done or request not in self._region:
             return
+        self._changed()
         self._done.add(request)
         self._taken += 1
-        comp, mem = self._cost(request)
-        remaining = self._remaining[self._region[request]]
-        remaining[0] -= comp
-        remaining[1] -= mem
-        self._advance()
+        self._remaining[self._region[request]].add(self._loads[request], -1)
+        self._advance_cursors()
 
     def release(self, request: int) -> None:
         """A running request finished: its memory goes back to its side."""
-        side = self.side_of.pop(request, None)
-        if side is not None:
-            self.used[side] -= self.held.pop(request)
+        run = self._running.pop(request, None)
+        if run is not None:
+            self._changed()
+            self.used[run.side] -= run.held
+            self._add_left(run, -1)
 
     def requeue(self, request: int) -> None:
         """A running request was preempted: free its share and offer it again first."""
-        side = self.side_of.get(request, self._region.get(request, MEMORY))
+        run = self._running.get(request)
+        side = run.side if run is not None else self._region.get(request, MEMORY)
         self.release(request)
+        self._changed()
         self._retry[side].append(request)
+        self._remaining[side].add(self._load_of(request))
 
     def withdraw(self, request: int) -> None:
-        for queue in self._retry.values():
+        self._changed()
+        for side, queue in self._retry.items():
             if request in queue:
                 queue.remove(request)
+                self._remaining[side].add(self._load_of(request), -1)
         self.release(request)
         self._take(request)
 
     def move_to_memory_side(self, request: int, new_footprint: float) -> None:
         """Runtime adaptation: an under-estimated request now holds more KV than planned and
         behaves like memory-side work, so it is accounted there."""
-        side = self.side_of.get(request)
-        if side is None:
+        run = self._running.get(request)
+        if run is None:
             return
-        self.used[side] -= self.held[request]
-        self.side_of[request] = MEMORY
-        self.held[request] = new_footprint
+        self._changed()
+        self.used[run.side] -= run.held
+        self._add_left(run, -1)
+        run.side = MEMORY
+        run.held = new_footprint
         self.used[MEMORY] += new_footprint
+        self._add_left(run, +1)
 
     def pending(self) -> int:
         return len(self.order) - self._taken + sum(len(queue) for queue in self._retry.values())

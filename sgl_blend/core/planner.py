@@ -7,14 +7,16 @@ happens to share a prefix with compute-heavy ones stays among them. A split deta
 subtree and lets it be sorted at the root, at the price of recomputing its shared prefix once.
 Splits are taken greedily while the recomputation stays within ``t`` of the tree's savings
 (default 1%, keeping at least 99% of the sharing ratio), each node at most once, repeating
-sort -> split until no affordable outlier is left. The merge step then chooses where the order
-is cut into a compute side and a memory side: only between whole subtrees, so no shared prefix
-is scanned from both ends.
+sort -> split until no affordable outlier is left. The merge step (paper A.2) then treats every
+subtree whose requests all lie on one side of the root's density as a single node: the order is
+cut into a compute side and a memory side only between such units, so no shared prefix is
+scanned from both ends, and a unit is not sorted inside, so a side's scan does not run through
+look-alike requests whose outputs would grow and finish in lockstep.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from sgl_blend.core.prefix_tree import Node, PrefixTree
@@ -25,13 +27,19 @@ MAX_SPLIT_ROUNDS = 8
 
 @dataclass
 class Plan:
-    """A scan order over request ids, and the cut between compute side and memory side."""
+    """A scan order over request ids, and the cut between compute side and memory side.
+
+    ``reuse`` maps a request to the prompt tokens it shares with the request before it in the
+    order: in a DFS of the tree that is all the prefix it finds cached, so its prefill computes
+    only the rest. Orders that are not a DFS of the tree leave it empty.
+    """
 
     order: list[int]
     boundary: int
     root_density: float
     splits: int
     sharing_kept: float
+    reuse: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,11 +83,11 @@ class Planner:
                 break
         self._aggregate()
         root = self._aggregates[id(self.tree.root)]
-        order, cuts = self._sorted_order()
+        order, cuts, reuse = self._sorted_order()
         boundary = self._boundary(order, cuts, root.density())
         saved = self.tree.root.saved
         return Plan(order, boundary, root.density(), len(self.detached),
-                    (saved - spent) / saved if saved else 1.0)
+                    (saved - spent) / saved if saved else 1.0, reuse)
 
     def _request_density(self, request: int) -> float:
         comp, mem = self.tree.cost(request)
@@ -129,10 +137,15 @@ class Planner:
         found.sort(key=lambda item: item[0])
         return [(cost, node) for _ratio, cost, node in found]
 
-    def _sorted_order(self) -> tuple[list[int], list[int]]:
+    def _sorted_order(self) -> tuple[list[int], list[int], dict[int, int]]:
         """DFS with children by density, highest first; detached subtrees sorted among the root's
-        children. Also returns where the order may be cut: between requests, except inside a
-        subtree whose requests all lie on one side of the root's density (merged into a unit)."""
+        children. A subtree whose requests all lie on one side of the root's density is merged
+        into a unit: the order is never cut inside it, and it is not sorted inside either -- its
+        requests keep the tree's insertion order, so a side does not take a run of look-alike
+        requests (outputs of one length would start, grow and finish together). Also returns
+        where the order may be cut, and each request's reuse: the prefix length of the highest
+        node entered since the request before it, which is their common ancestor (a detached
+        subtree re-enters from the root)."""
         root = self.tree.root
         root_density = self._aggregates[id(root)].density()
         top = [child for child in root.children.values() if id(child) not in self.detached]
@@ -141,9 +154,14 @@ class Planner:
         top.sort(key=lambda node: self._aggregates[id(node)].density(), reverse=True)
         order = [request for request in root.requests if self.include(request)]
         cuts = list(range(len(order)))
-        stack: list[tuple[Node, bool]] = [(node, False) for node in reversed(top)]
+        reuse = dict.fromkeys(order, 0)
+        shared = 0
+        stack: list[tuple[Node, bool, int, int]] = [(node, False, 0, node.prefix_len() - node.edge_len)
+                                                    for node in reversed(top)]
         while stack:
-            node, in_unit = stack.pop()
+            node, in_unit, entry, depth = stack.pop()
+            depth += node.edge_len
+            shared = min(shared, entry)
             aggregate = self._aggregates[id(node)]
             one_sided = aggregate.min_density >= root_density or aggregate.max_density < root_density
             if not in_unit:
@@ -154,11 +172,16 @@ class Planner:
                     if not in_unit:
                         cuts.append(len(order))
                     order.append(request)
+                    reuse[request] = shared
+                    shared = depth
             children = [child for child in node.children.values()
                         if id(child) not in self.detached and self._aggregates[id(child)].count]
-            children.sort(key=lambda child: self._aggregates[id(child)].density())
-            stack.extend((child, in_unit) for child in children)
-        return order, cuts
+            if not in_unit:
+                children.sort(key=lambda child: self._aggregates[id(child)].density())
+            else:
+                children.reverse()
+            stack.extend((child, in_unit, depth, depth) for child in children)
+        return order, cuts, reuse
 
     def _boundary(self, order: list[int], cuts: list[int], root_density: float) -> int:
         """The allowed cut closest to where request density first drops below the root's."""

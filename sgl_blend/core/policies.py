@@ -20,7 +20,8 @@ from abc import ABC, abstractmethod
 from typing import Callable, Iterable
 
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
-from sgl_blend.core.dual_scan import COMPUTE, MEMORY, DualScanner
+from sgl_blend.core.dual_scan import COMPUTE, DualScanner
+from sgl_blend.core.scan_load import Load
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
 from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, Planner
 from sgl_blend.core.prefix_tree import PrefixTree
@@ -57,6 +58,7 @@ class PlannedPolicy(ABC):
         self._sample_side: dict[int, float] = {}
         self._estimates_stale = False
         self._proposed: dict[int, str] = {}
+        self._reuse: dict[int, int] = {}
         self.scanner: DualScanner | None = None
         self.last_plan: Plan | None = None
         self.plans = 0
@@ -87,10 +89,25 @@ class PlannedPolicy(ABC):
                 self._unplanned.add(index)
 
     def footprint(self, index: int) -> float:
-        """KV tokens a request adds: its output and the part of its prompt no other request shares.
-        A shared prefix is held once by the radix cache whoever uses it, so charging it to every
-        request would admit a fraction of what fits exactly when sharing is high."""
-        return self.cost_model.kv_footprint(self.tree.unshared_tokens(index), self.estimator.estimate(index))
+        """KV tokens the engine counts against a request, on average over its life: its output,
+        the part of its prompt no other request shares, and the decode room SGLang reserves for
+        it. A shared prefix is held once by the radix cache whoever uses it, so charging it to
+        every request would admit a fraction of what fits exactly when sharing is high; leaving
+        out the reserve would promise more long ``ignore_eos`` requests than the engine admits."""
+        request = self._requests[index]
+        return self.cost_model.kv_commitment(self.tree.unshared_tokens(index), self.estimator.estimate(index),
+                                             request.max_new_tokens, request.exact_output_len)
+
+    def load(self, index: int) -> Load:
+        """A request's load for the scanner. Its prefill is the prompt less the prefix it reuses
+        from the request before it in the plan (or, outside a plan, every prefix it shares)."""
+        prompt, unshared = self.tree.prompt_len[index], self.tree.unshared_tokens(index)
+        reuse = self._reuse.get(index, prompt - unshared)
+        comp, mem = self.tree.cost(index)
+        request = self._requests[index]
+        return Load(comp - reuse * self.cost_model.prefill_time_per_token(), mem, prompt - reuse,
+                    self.estimator.estimate(index), self.footprint(index), prompt, unshared,
+                    request.max_new_tokens, request.exact_output_len)
 
     def _needs_plan(self) -> bool:
         if self._estimates_stale and not self.estimator.pending_samples():
@@ -110,34 +127,25 @@ class PlannedPolicy(ABC):
             self._estimates_stale = False
         sampling = set(self._samples)
         plan = self._order(lambda index: index in self._pending and index not in sampling)
-        scanner = DualScanner(plan.order, plan.boundary, self.capacity, self.tree.cost, self.footprint)
-        if self.paces_prefill:
-            scanner.set_side_shapes(self._side_shapes(plan))
+        self._reuse = plan.reuse
+        scanner = DualScanner(plan.order, plan.boundary, self.capacity, self.load, paced=self.paces_prefill)
         if self.scanner is not None:
-            for index, side in self.scanner.side_of.items():
-                scanner.side_of[index] = side
-                scanner.held[index] = self.scanner.held[index]
-                scanner.used[side] += self.scanner.held[index]
+            scanner.carry_over(self.scanner)
         self.scanner = scanner
         self.last_plan = plan
         self.plans += 1
         self._unplanned.clear()
-
-    def _side_shapes(self, plan: Plan) -> dict[str, tuple[float, float]]:
-        shapes = {}
-        for side, requests in ((COMPUTE, plan.order[: plan.boundary]), (MEMORY, plan.order[plan.boundary:])):
-            if requests:
-                prompt = sum(self.tree.prompt_len[index] for index in requests) / len(requests)
-                output = sum(self.estimator.estimate(index) for index in requests) / len(requests)
-                shapes[side] = (prompt, output)
-        return shapes
 
     def prefill_token_budget(self) -> int | None:
         """Prefill tokens the engine should put in the next iteration; None keeps its default."""
         if not self.paces_prefill or self.scanner is None:
             return None
         budget = self.scanner.prefill_budget()
-        return None if budget is None else max(1, int(budget))
+        return None if budget is None else max(1, round(budget))
+
+    def advance(self, iterations: int) -> None:
+        if self.scanner is not None:
+            self.scanner.advance(iterations)
 
     @abstractmethod
     def _order(self, include: Callable[[int], bool]) -> Plan:
@@ -174,9 +182,10 @@ class PlannedPolicy(ABC):
 
     def progress(self, rid: str, decoded_tokens: int) -> None:
         index = self._index.get(rid)
-        if index is None or self.scanner is None or self.scanner.side_of.get(index) != COMPUTE:
+        if index is None or self.scanner is None:
             return
-        if decoded_tokens > self.estimator.estimate(index):
+        self.scanner.progress(index, decoded_tokens)
+        if self.scanner.side(index) == COMPUTE and decoded_tokens > self.estimator.estimate(index):
             self.scanner.move_to_memory_side(index, self.tree.prompt_len[index] + decoded_tokens)
 
     def preempted(self, rid: str) -> None:
@@ -250,7 +259,7 @@ class BlendServePolicy(PlannedPolicy):
             return None
         if index in self._sample_side:
             return SAMPLE_SIDE
-        return self.scanner.side_of.get(index) if self.scanner else None
+        return self.scanner.side(index) if self.scanner else None
 
 
 class DFSPolicy(PlannedPolicy):

@@ -38,6 +38,10 @@ class AdmissionPolicy(Protocol):
        adapt, `preempted` when it retracts a request (it becomes pending again), and `finished`
        with the real output length.
     4. `withdraw` removes a pending request that will never run (its client aborted it).
+    5. `advance(iterations)` after every forward pass (a closed-form stretch of decode-only
+       iterations reports them all at once): the policy's clock. A policy that paces admissions
+       per iteration (BlendServe's per-side budgets of Alg. 3) earns its allowance on it, so an
+       engine that never calls it gets only what an idle engine may always start.
 
     `prefill_token_budget` is how many prefill tokens the policy wants in the next iteration
     (BlendServe's per-side budgets ``C_L + C_R``), or None to keep the engine's own chunk size.
@@ -64,6 +68,8 @@ class AdmissionPolicy(Protocol):
     def finished(self, rid: str, output_len: int) -> None: ...
 
     def withdraw(self, rid: str) -> None: ...
+
+    def advance(self, iterations: int) -> None: ...
 
     def admission_side(self, rid: str) -> str | None: ...
 

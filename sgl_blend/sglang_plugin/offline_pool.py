@@ -113,6 +113,7 @@ class OfflinePool:
     def on_batch_result(self, reqs: Iterable[SchedulerReq]) -> None:
         """Report progress and completions, and record which scan sides share this batch."""
         self._iteration += 1
+        self.policy.advance(1)
         sides: Counter[str] = Counter()
         for req in reqs:
             if req.rid not in self._running:

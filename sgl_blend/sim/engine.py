@@ -5,7 +5,8 @@ Each iteration, as SGLang's scheduler does it:
 1. Admission. The policy is offered the KV that is free once the running requests' future output
    is reserved (``min(max_new - decoded, 4096)`` tokens each, times the new-token ratio, or times 1
    for ``ignore_eos`` requests); the engine admits a prefix of its proposal, stopping at the first
-   request whose prompt plus reserve does not fit, or once this iteration's prefill room is used.
+   request whose prompt plus its own unscaled reserve ``min(max_new - decoded, 4096)`` does not
+   fit (``PrefillAdder.add_one_req``), or once this iteration's prefill room is used.
    Shared prompt segments come from the radix cache when resident (LRU eviction of unreferenced
    ones makes room).
 2. One mixed step: every decoding request produces a token; prefill chunks -- the one carried
@@ -13,12 +14,15 @@ Each iteration, as SGLang's scheduler does it:
    token budget less the decodes (a dense batch, as NanoFlow runs it), or the policy's own
    ``prefill_token_budget`` when it paces prefill (BlendServe's ``C_L + C_R``).
 3. Time: ``f(comp, mem)`` from the cost model's per-token terms, so a whole run under ``f = sum``
-   adds up to exactly ``T_comp + T_mem`` of what was executed.
+   adds up to exactly ``T_comp + T_mem`` of what was executed. The policy is told how many
+   iterations ran (``advance``), its clock for per-iteration pacing.
 4. KV that would overflow retracts requests (fewest decoded tokens first, like SGLang); they keep
    their output and recompute prompt and output as prefill when they return.
 
 Only the engine knows true output lengths, and it uses them only to stop a request. Long
-decode-only stretches, when nothing can be admitted, run in closed form up to the next finish.
+decode-only stretches, when the policy proposes nothing that fits, run in closed form up to the
+next finish (at most ``max_stretch`` iterations); a pacing policy may wait that long for its
+next admission, which can only cost it.
 """
 
 from __future__ import annotations
@@ -28,17 +32,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from sgl_blend.core.cost_model import CostModel
+from sgl_blend.core.cost_model import (
+    CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY_STEPS, CostModel,
+)
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.metrics import SimResult, StepTrace
 from sgl_blend.sim.overlap import OverlapFunction
 from sgl_blend.sim.workload import SimRequest
-
-CLIP_MAX_NEW_TOKENS = 4096
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = 0.1
-NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,8 @@ class _Run:
         self.policy.set_kv_capacity(self.capacity)
         self.policy.submit(OfflineRequest(r.rid, r.prompt_ids(), r.max_new_tokens, r.exact) for r in self.requests)
         while len(self.finished) < len(self.requests):
-            decoding = self.active & (self.prefill_left == 0)
-            admitted = self._admit(int(decoding.sum()))
+            decoding = np.flatnonzero(self.active & (self.prefill_left == 0))
+            admitted = self._admit(len(decoding))
             if not self.active.any():
                 raise RuntimeError(f"{len(self.requests) - len(self.finished)} requests left but the policy "
                                    "proposed nothing that fits in an empty engine")
@@ -161,8 +162,7 @@ class _Run:
                 generated = int(self.generated[i])
                 hit = self.cache.cached_prefix(request.prefix)
                 extend = request.prompt_len - hit + generated
-                ratio = 1.0 if request.exact else self.ratio
-                reserve = min(request.max_new_tokens - generated, CLIP_MAX_NEW_TOKENS) * ratio
+                reserve = min(request.max_new_tokens - generated, CLIP_MAX_NEW_TOKENS)
                 if extend + reserve > free and self.active.any():
                     break
                 private = request.unique_len + generated
@@ -211,9 +211,10 @@ class _Run:
         self.peak_kv = max(self.peak_kv, self.kv_used)
 
     def _mixed_step(self, decoding: np.ndarray) -> None:
+        """One iteration; ``decoding`` holds the slots that decode in it."""
         engine = self.engine
         decoding = self._make_room(decoding)
-        n_decode = int(decoding.sum())
+        n_decode = len(decoding)
         room = self._prefill_room(n_decode)
         comp = n_decode * engine._token_comp
         while self.prefill_queue and room > 0:
@@ -226,21 +227,21 @@ class _Run:
             room -= chunk
             if self.prefill_left[slot] == 0:
                 self.prefill_queue.pop(0)
-        mem = float(np.sum(self.prompt[decoding] + self.decoded[decoding])) * engine._kv_read
+        mem = float((self.prompt[decoding] + self.decoded[decoding]).sum()) * engine._kv_read
         self._account(1, comp, mem, engine.overlap(comp, mem))
         self._advance(decoding, 1)
 
     def _decode_stretch(self, decoding: np.ndarray) -> None:
         """Decode-only steps up to the next finish (or KV exhaustion), in closed form."""
         engine = self.engine
-        n = int(decoding.sum())
+        n = len(decoding)
         headroom = self.capacity - self.kv_used
-        steps = int(np.min(self.target[decoding] - self.decoded[decoding]))
+        steps = int((self.target[decoding] - self.decoded[decoding]).min())
         steps = max(1, min(steps, self.cfg.max_stretch, headroom // (n * self.cfg.page_size)))
         if steps == 1:
             self._mixed_step(decoding)
             return
-        context = float(np.sum(self.prompt[decoding] + self.decoded[decoding]))
+        context = float((self.prompt[decoding] + self.decoded[decoding]).sum())
         comp = np.full(steps, n * engine._token_comp)
         mem = (context + n * np.arange(steps)) * engine._kv_read
         self._account(steps, float(comp.sum()), float(mem.sum()), float(engine.overlap.vector(comp, mem).sum()))
@@ -253,6 +254,7 @@ class _Run:
         self.iterations += steps
         self.trace.add(steps, comp, mem)
         self.ratio = max(MIN_NEW_TOKEN_RATIO, self.ratio - self.engine._ratio_decay * steps)
+        self.policy.advance(steps)
 
     def _make_room(self, decoding: np.ndarray) -> np.ndarray:
         """Free KV for this step's new tokens: evict cached segments, then retract requests."""
@@ -264,21 +266,22 @@ class _Run:
             self.cache.evict(short)
             if self.capacity - self.kv_used >= need:
                 return decoding
-            candidates = np.flatnonzero(decoding)
-            if len(candidates) > 1:
-                order = np.lexsort((-self.prompt[candidates], self.decoded[candidates]))
-                self._retract(int(candidates[order[0]]))
+            if len(decoding) > 1:
+                order = np.lexsort((-self.prompt[decoding], self.decoded[decoding]))
+                self._retract(int(decoding[order[0]]))
             elif self.prefill_queue:
                 self._retract(self.prefill_queue[-1])
             else:
                 raise RuntimeError("KV capacity cannot hold a single running request")
-            decoding = decoding & self.active
+            decoding = decoding[self.active[decoding]]
 
     def _new_pages(self, decoding: np.ndarray, steps: int) -> int:
         """Pages the decoding requests' private KV grows by in ``steps`` tokens."""
-        private = self.private[decoding]
         page = self.cfg.page_size
-        return int(np.sum((private + steps + page - 1) // page - (private + page - 1) // page)) * page
+        if page == 1:
+            return len(decoding) * steps
+        private = self.private[decoding]
+        return int(((private + steps + page - 1) // page - (private + page - 1) // page).sum()) * page
 
     def _retract(self, slot: int) -> None:
         i = int(self.slot_request[slot])
@@ -301,13 +304,13 @@ class _Run:
     def _advance(self, decoding: np.ndarray, steps: int) -> None:
         self.private_used += self._new_pages(decoding, steps)
         before = self.decoded[decoding]
+        after = before + steps
         self.private[decoding] += steps
-        self.decoded[decoding] += steps
+        self.decoded[decoding] = after
         self.peak_kv = max(self.peak_kv, self.kv_used)
-        slots = np.flatnonzero(decoding)
         interval = self.cfg.progress_interval
-        crossed = slots[(before // interval) != ((before + steps) // interval)]
-        for slot in slots[self.decoded[slots] >= self.target[slots]]:
+        crossed = decoding[(before // interval) != (after // interval)]
+        for slot in decoding[after >= self.target[decoding]]:
             self._finish(int(slot))
         for slot in crossed:
             if self.active[slot]:

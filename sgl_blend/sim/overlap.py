@@ -11,6 +11,13 @@ Every choice is ``a max(c, m) + b min(c, m) + k``:
 
 For 0 <= b <= a the sum over iterations is at least ``f`` of the summed terms, so ``f`` applied to
 a workload's totals is a lower bound on any schedule's time: the practical ``T_o``.
+
+The default is ``interference`` with lambda = 0.15: BlendServe runs on NanoFlow-style
+operator-level overlap, where GEMM and decode attention run at once on partitioned SMs and the
+shorter of the two is mostly hidden. A GEMM/attention pair profiled on an H100 on SM partitions
+(``bench/device_calibration.py``) fits ``b`` = 0.16 for that bound; the same pair launched on two
+plain streams hides almost nothing (lambda = 0.90), which is why the overlap, and so the whole
+benefit of blending, depends on the engine's kernels. ``--interference`` sets lambda.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The paper's Figure 10: compute and memory time per step, one panel per policy.
 
-Steps are binned (a closed-form decode stretch spreads over the steps it stands for), so a
-400K-request run draws as quickly as a small one.
+Steps are binned, a closed-form decode stretch spread evenly over the steps it stands for (so a
+bin narrower than a stretch shows the stretch's mean, not a gap), and a 400K-request run draws
+as quickly as a small one.
 """
 
 from __future__ import annotations
@@ -17,26 +18,27 @@ BINS = 600
 
 def binned(result: SimResult, bins: int = BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(step at bin centre, mean compute ms per step, mean memory ms per step)."""
-    steps = np.asarray(result.trace.steps, dtype=float)
-    ends = np.cumsum(steps)
+    ends = np.concatenate([[0.0], np.cumsum(np.asarray(result.trace.steps, dtype=float))])
     edges = np.linspace(0, ends[-1], bins + 1)
-    which = np.clip(np.searchsorted(edges, ends - steps / 2, side="right") - 1, 0, bins - 1)
-    count = np.bincount(which, weights=steps, minlength=bins)
-    comp = np.bincount(which, weights=np.asarray(result.trace.comp), minlength=bins)
-    mem = np.bincount(which, weights=np.asarray(result.trace.mem), minlength=bins)
-    safe = np.maximum(count, 1)
-    return (edges[:-1] + edges[1:]) / 2, comp / safe * 1e3, mem / safe * 1e3
+    width = np.diff(edges)
+
+    def per_step(values) -> np.ndarray:
+        running = np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))])
+        return np.diff(np.interp(edges, ends, running)) / width * 1e3
+
+    return (edges[:-1] + edges[1:]) / 2, per_step(result.trace.comp), per_step(result.trace.mem)
 
 
-def plot_steps(results: dict[str, SimResult], path: Path, title: str) -> Path:
+def plot_steps(series: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], path: Path, title: str) -> Path:
+    """One panel per policy from its `binned` trace (binned first, so a run's full trace need not
+    be kept, or sent back from a worker process, just to be drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.4 * len(results)), squeeze=False)
-    for axis, (name, result) in zip(axes[:, 0], results.items()):
-        step, comp, mem = binned(result)
+    fig, axes = plt.subplots(len(series), 1, figsize=(9, 2.4 * len(series)), squeeze=False)
+    for axis, (name, (step, comp, mem)) in zip(axes[:, 0], series.items()):
         axis.plot(step, comp, label="compute time", color="tab:red", linewidth=0.8)
         axis.plot(step, mem, label="memory time", color="tab:blue", linewidth=0.8)
         axis.set_ylabel(f"{name}\nms / step")

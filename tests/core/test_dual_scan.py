@@ -1,37 +1,95 @@
-"""The dual scan keeps the KV-weighted density of admitted work at the root's, and handles the
+"""The dual scan keeps the blend of admitted work at the root's density, paces each side so its
+requests enter staggered, lets neither side's growth take the other's memory, and handles the
 degenerate cases explicitly."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 
-from sgl_blend.core.dual_scan import COMPUTE, MEMORY, DualScanner
+from sgl_blend.core.cost_model import memory_partition
+from sgl_blend.core.dual_scan import COMPUTE, MEMORY, PLANNED_UTILISATION, DualScanner
+from sgl_blend.core.scan_load import Load
 
 
-def scanner_for(costs: dict[int, tuple[float, float]], boundary: int, capacity: float, size: float = 10.0) -> DualScanner:
-    order = sorted(costs, key=lambda request: costs[request][0] / costs[request][1], reverse=True)
-    return DualScanner(order, boundary, capacity, costs.__getitem__, lambda _request: size)
+def load(comp: float, mem: float, *, steps: int = 10, commit: float = 10.0, prefill: int = 10,
+         prompt: int = 10) -> Load:
+    return Load(comp, mem, prefill, steps, commit, prompt, prompt, steps, True)
 
 
-def blended_density(scanner: DualScanner, costs) -> float:
-    weighted = sum(scanner.held[r] * costs[r][0] / costs[r][1] for r in scanner.side_of)
-    return weighted / sum(scanner.held[r] for r in scanner.side_of)
+def scanner_for(loads: dict[int, Load], boundary: int, capacity: float, paced: bool = False) -> DualScanner:
+    order = sorted(loads, key=lambda request: loads[request].comp / loads[request].mem, reverse=True)
+    return DualScanner(order, boundary, capacity, loads.__getitem__, paced=paced)
+
+
+@dataclass
+class TinyEngine:
+    """Runs a scanner the way an engine does: each iteration it admits what is proposed and fits
+    in ``capacity`` (counting what running requests commit now), advances the clock, reports
+    progress, and finishes requests after their ``steps`` iterations."""
+
+    scanner: DualScanner
+    loads: dict[int, Load]
+    capacity: float
+    running: dict[int, int] = field(default_factory=dict)
+    admitted_at: dict[int, int] = field(default_factory=dict)
+    finished_at: dict[int, int] = field(default_factory=dict)
+    iteration: int = 0
+    peak_memory_side: float = 0.0
+
+    def committed(self, side: str | None = None) -> float:
+        return sum(self.loads[request].commitment_at(decoded) for request, decoded in self.running.items()
+                   if side is None or self.scanner.side(request) == side)
+
+    def step(self) -> None:
+        free = self.capacity - self.committed()
+        for request, side in self.scanner.propose(free, 1000):
+            self.scanner.admit(request, side)
+            self.running[request] = 0
+            self.admitted_at[request] = self.iteration
+        self.iteration += 1
+        self.scanner.advance(1)
+        for request in list(self.running):
+            self.running[request] += 1
+            self.scanner.progress(request, self.running[request])
+            if self.running[request] >= self.loads[request].steps:
+                del self.running[request]
+                self.scanner.release(request)
+                self.finished_at[request] = self.iteration
+        self.peak_memory_side = max(self.peak_memory_side, self.committed(MEMORY))
+
+    def run(self, limit: int = 200000) -> None:
+        while self.scanner.pending() or self.running:
+            self.step()
+            assert self.iteration < limit
+
+
+def two_sided(compute: int = 600, memory: int = 60) -> dict[int, Load]:
+    """Short compute-heavy requests and long memory-heavy ones, lengths varied a little."""
+    loads = {request: load(4.0 + request % 3, 1.0, steps=20 + request % 7, commit=30.0, prefill=40)
+             for request in range(compute)}
+    loads.update({request: load(0.2, 10.0 + request % 5, steps=400 + 37 * (request % 11), commit=300.0,
+                                prefill=20, prompt=20)
+                  for request in range(compute, compute + memory)})
+    return loads
 
 
 def test_blended_density_tracks_the_root_while_both_sides_hold_requests() -> None:
-    costs = {request: (4.0, 1.0) for request in range(300)}
-    costs.update({request: (0.1, 1.0) for request in range(300, 900)})
-    scanner = scanner_for(costs, boundary=300, capacity=2000.0)
-    root = sum(c for c, _m in costs.values()) / sum(m for _c, m in costs.values())
+    loads = {request: load(4.0, 1.0) for request in range(300)}
+    loads.update({request: load(0.1, 1.0) for request in range(300, 900)})
+    scanner = scanner_for(loads, boundary=300, capacity=2000.0)
+    root = sum(item.comp for item in loads.values()) / sum(item.mem for item in loads.values())
     running: list[int] = []
     checked = 0
     while scanner.pending():
         for request, side in scanner.propose(free=1e9, limit=1000):
             scanner.admit(request, side)
             running.append(request)
-        sides = set(scanner.side_of.values())
-        if sides == {COMPUTE, MEMORY} and scanner.budgets()[COMPUTE] > 0 and scanner.budgets()[MEMORY] > 0:
-            assert blended_density(scanner, costs) == pytest.approx(root, rel=0.10)
+        sides = {scanner.side(request) for request in running}
+        if sides == {COMPUTE, MEMORY}:
+            weighted = sum(scanner.held(r) * loads[r].comp / loads[r].mem for r in running)
+            assert weighted / sum(scanner.held(r) for r in running) == pytest.approx(root, rel=0.10)
             checked += 1
         for request in running[:20]:
             scanner.release(request)
@@ -39,24 +97,35 @@ def test_blended_density_tracks_the_root_while_both_sides_hold_requests() -> Non
     assert checked > 5
 
 
+def test_budgets_solve_algorithm_3_on_the_work_left() -> None:
+    """``M_L rho_L + M_R rho_R = M rho_root`` with the densities of the sides' loads (which carry
+    the compute left after prefix reuse: see the planner's ``reuse``)."""
+    loads = {request: load(3.0, 1.0) for request in range(10)}
+    loads.update({request: load(0.1, 1.0) for request in range(10, 20)})
+    scanner = scanner_for(loads, boundary=10, capacity=1000.0)
+    left, right = memory_partition(1000.0, (30.0 + 1.0) / 20.0, 3.0, 0.1)
+    assert scanner.budgets()[COMPUTE] == pytest.approx(left)
+    assert scanner.budgets()[MEMORY] == pytest.approx(right)
+
+
 def test_one_side_empty_gives_the_other_all_memory() -> None:
-    costs = {request: (1.0, 1.0) for request in range(10)}
-    scanner = scanner_for(costs, boundary=10, capacity=100.0)
+    loads = {request: load(1.0, 1.0) for request in range(10)}
+    scanner = scanner_for(loads, boundary=10, capacity=100.0)
     assert scanner.budgets() == {COMPUTE: 100.0, MEMORY: 0.0}
     proposal = scanner.propose(free=1e9, limit=100)
     assert [side for _request, side in proposal] == [COMPUTE] * 10
 
 
 def test_equal_densities_split_memory_evenly() -> None:
-    costs = {request: (1.0, 1.0) for request in range(10)}
-    scanner = scanner_for(costs, boundary=5, capacity=100.0)
+    loads = {request: load(1.0, 1.0) for request in range(10)}
+    scanner = scanner_for(loads, boundary=5, capacity=100.0)
     assert scanner.budgets() == {COMPUTE: 50.0, MEMORY: 50.0}
 
 
 def test_each_side_waits_for_its_own_memory_and_early_finish_frees_it() -> None:
-    costs = {request: (4.0, 1.0) for request in range(5)}
-    costs.update({request: (0.25, 1.0) for request in range(5, 10)})
-    scanner = scanner_for(costs, boundary=5, capacity=40.0)
+    loads = {request: load(4.0, 1.0) for request in range(50)}
+    loads.update({request: load(0.25, 1.0) for request in range(50, 100)})
+    scanner = scanner_for(loads, boundary=50, capacity=45.0)
     first = scanner.propose(free=1e9, limit=100)
     for request, side in first:
         scanner.admit(request, side)
@@ -68,20 +137,67 @@ def test_each_side_waits_for_its_own_memory_and_early_finish_frees_it() -> None:
 
 
 def test_underestimated_request_moves_to_the_memory_side() -> None:
-    costs = {0: (4.0, 1.0), 1: (0.2, 1.0)}
-    scanner = scanner_for(costs, boundary=1, capacity=100.0)
+    loads = {0: load(4.0, 1.0), 1: load(0.2, 1.0)}
+    scanner = scanner_for(loads, boundary=1, capacity=100.0)
     for request, side in scanner.propose(free=1e9, limit=10):
         scanner.admit(request, side)
     scanner.move_to_memory_side(0, 30.0)
-    assert scanner.side_of[0] == MEMORY
+    assert scanner.side(0) == MEMORY
     assert scanner.used == {COMPUTE: 0.0, MEMORY: 40.0}
 
 
 def test_preempted_request_is_offered_again_first() -> None:
-    costs = {request: (1.0, 1.0) for request in range(4)}
-    scanner = scanner_for(costs, boundary=4, capacity=20.0)
+    loads = {request: load(1.0, 1.0) for request in range(4)}
+    scanner = scanner_for(loads, boundary=4, capacity=20.0)
     admitted = scanner.propose(free=1e9, limit=10)
     for request, side in admitted:
         scanner.admit(request, side)
     scanner.requeue(admitted[0][0])
     assert scanner.propose(free=1e9, limit=1)[0][0] == admitted[0][0]
+
+
+def test_paced_memory_side_enters_staggered_not_as_a_cohort() -> None:
+    loads = two_sided()
+    scanner = scanner_for(loads, boundary=600, capacity=8000.0, paced=True)
+    engine = TinyEngine(scanner, loads, capacity=8000.0)
+    engine.run()
+    memory_starts = sorted(engine.admitted_at[r] for r in loads if r >= 600)
+    share = scanner_for(loads, boundary=600, capacity=8000.0, paced=True).budgets()[MEMORY]
+    at_once = share / 300.0
+    # Unpaced, the share's worth of long requests would start in the first iteration.
+    assert sum(1 for start in memory_starts if start == memory_starts[0]) < at_once / 4
+    gaps = [later - earlier for earlier, later in zip(memory_starts, memory_starts[1:])]
+    assert sum(1 for gap in gaps if gap == 0) <= len(gaps) // 10
+
+
+def test_paced_sides_run_out_together() -> None:
+    loads = two_sided()
+    scanner = scanner_for(loads, boundary=600, capacity=8000.0, paced=True)
+    engine = TinyEngine(scanner, loads, capacity=8000.0)
+    engine.run()
+    compute_starts = [engine.admitted_at[r] for r in loads if r < 600]
+    memory_starts = [engine.admitted_at[r] for r in loads if r >= 600]
+    memory_life = sum(loads[r].steps for r in loads if r >= 600) / 60
+    # Neither side runs ahead: the compute side is still admitting when the memory side has
+    # nothing left to admit, and goes on alongside the memory side's last requests.
+    assert min(compute_starts) == min(memory_starts) == 0
+    assert max(compute_starts) >= max(memory_starts) + memory_life / 4
+
+
+def test_memory_side_never_grows_into_the_compute_share() -> None:
+    loads = two_sided()
+    scanner = scanner_for(loads, boundary=600, capacity=8000.0, paced=True)
+    engine = TinyEngine(scanner, loads, capacity=8000.0)
+    while scanner.pending():
+        engine.step()
+        share = scanner.budgets()[COMPUTE]
+        if scanner.budgets()[MEMORY] > 0:
+            assert engine.committed(MEMORY) <= 8000.0 - max(share, scanner.used[COMPUTE]) + 1e-6
+
+
+def test_paced_shares_leave_headroom_and_an_idle_engine_may_always_start() -> None:
+    loads = two_sided(compute=10, memory=10)
+    scanner = scanner_for(loads, boundary=10, capacity=8000.0, paced=True)
+    assert sum(scanner.budgets().values()) == pytest.approx(8000.0 * PLANNED_UTILISATION)
+    scanner.credit = {COMPUTE: -1.0, MEMORY: -1.0}
+    assert len(scanner.propose(free=1e9, limit=10)) == 1

@@ -9,6 +9,13 @@ from hypothesis import strategies as st
 from sgl_blend.core.planner import Planner
 from sgl_blend.core.prefix_tree import PrefixTree, order_sharing_ratio
 
+
+def common_prefix(first: list[int], second: list[int]) -> int:
+    length = 0
+    while length < min(len(first), len(second)) and first[length] == second[length]:
+        length += 1
+    return length
+
 requests = st.lists(
     st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=10), st.floats(0.01, 10.0), st.floats(0.01, 10.0)),
     min_size=1, max_size=40,
@@ -58,3 +65,31 @@ def test_sort_puts_compute_heavy_groups_first_and_split_moves_an_outlier() -> No
     assert split.splits >= 1
     assert split.order.index(20) >= split.boundary
     assert set(split.order[: split.boundary]) == set(range(10))
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests, st.sampled_from([0.0, 0.2]))
+def test_reuse_is_the_prefix_shared_with_the_previous_request(items, threshold) -> None:
+    tree, prompts = build(items)
+    plan = Planner(tree, split_threshold=threshold).plan()
+    previous: list[int] = []
+    for request in plan.order:
+        shared = common_prefix(previous, prompts[request])
+        if plan.splits:
+            assert plan.reuse[request] <= shared
+        else:
+            assert plan.reuse[request] == shared
+        previous = prompts[request]
+
+
+def test_a_merged_subtree_keeps_its_insertion_order() -> None:
+    """Requests under one system prompt, all memory-heavy, are not sorted among themselves: a
+    side then takes outputs of mixed lengths, not a run of look-alikes."""
+    tree = PrefixTree()
+    densities = [0.05, 0.2, 0.01, 0.1, 0.02, 0.15]
+    for request, density in enumerate(densities):
+        tree.insert(request, [9, 9, 100 + request], comp=density, mem=1.0)
+    for request in range(6, 12):
+        tree.insert(request, [8, 8, 100 + request], comp=20.0, mem=1.0)
+    plan = Planner(tree).plan()
+    assert plan.order[plan.boundary:] == list(range(6))

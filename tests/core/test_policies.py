@@ -59,6 +59,7 @@ def drive(name: str, requests: list[OfflineRequest], capacity: int = 20000) -> l
             victim = rng.choice(sorted(running))
             decoded[victim] = running.pop(victim)[0]
             policy.preempted(victim)
+        policy.advance(1)
         assert step < 100000
     assert policy.pending_count() == 0
     return admitted_order
@@ -72,13 +73,21 @@ def test_each_request_completes_exactly_once(name: str) -> None:
     assert len(order) > len(requests), "preempted requests are admitted again"
 
 
-def test_withdrawn_requests_are_never_proposed() -> None:
-    policy = make_policy("blendserve", BUILTIN_MODELS["llama-3.1-8b"], HardwareSpec.resolve("a100-80g"))
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_withdrawn_requests_are_never_proposed(name: str) -> None:
+    policy = make_policy(name, BUILTIN_MODELS["llama-3.1-8b"], HardwareSpec.resolve("a100-80g"))
     requests = workload(50)
     policy.submit(requests)
     policy.withdraw(requests[0].rid)
-    proposed = {request.rid for request in policy.propose(10**9, 100)}
-    assert requests[0].rid not in proposed and len(proposed) == 49
+    proposed: set[str] = set()
+    while policy.pending_count():
+        batch = [request.rid for request in policy.propose(10**9, 100)]
+        policy.admitted(batch)
+        for rid in batch:
+            policy.finished(rid, 1)
+        proposed.update(batch)
+        policy.advance(1)
+    assert proposed == {request.rid for request in requests[1:]}
 
 
 def test_unknown_policy_is_a_clear_error() -> None:

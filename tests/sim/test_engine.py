@@ -132,3 +132,30 @@ def test_fitted_overlap_recovers_its_coefficients() -> None:
         comp, mem = rng.random(), rng.random()
         samples.append((comp, mem, 1.0 * max(comp, mem) + 0.3 * min(comp, mem) + 0.01))
     assert fit_overlap(samples) == pytest.approx((1.0, 0.3, 0.01), abs=1e-9)
+
+
+def test_a_new_request_needs_its_whole_clipped_decode_room_free() -> None:
+    """SGLang admits a request only if its prompt plus ``min(max_new_tokens, 4096)`` fits beside
+    what running requests reserve; the new-token ratio discounts only the running ones."""
+    first = SimRequest("first", "t", (), 100, 3000, 3000, False)
+    second = SimRequest("second", "t", (), 100, 100, 3500, False)
+    policy = make_sim_policy("fcfs", MODEL, HARDWARE)
+    iterations = [0]
+    started: dict[str, int] = {}
+    admitted, advance = policy.admitted, policy.advance
+
+    def record(rids) -> None:
+        rids = list(rids)
+        for rid in rids:
+            started.setdefault(rid, iterations[0])
+        admitted(rids)
+
+    def count(steps: int) -> None:
+        iterations[0] += steps
+        advance(steps)
+
+    policy.admitted, policy.advance = record, count
+    SimEngine(COST, policy, overlap_function("max"), EngineConfig(kv_capacity=5000)).run([first, second])
+    # At 0.7 x 3000 reserved for the first, 100 + 3500 does not fit until the ratio has decayed.
+    assert started["first"] == 0
+    assert 200 < started["second"] < 3000

@@ -1,0 +1,90 @@
+"""What a request asks of the engine over its life, and what a set of requests still needs.
+
+The dual scanner budgets in these terms: a request's compute and KV-read time (the cost
+model's, less what prefix reuse saves), the prompt tokens it prefills, the iterations it decodes,
+and the KV the engine's admission counts against it -- which grows as it decodes, so a set of
+running requests needs most memory at some point ahead, not now (`peak_commitment`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from sgl_blend.core.cost_model import reserve_at
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What one request asks of the engine over its life, as the scanner budgets it."""
+
+    comp: float
+    """Compute seconds, less what reusing the previous request's prefix saves."""
+    mem: float
+    """KV-read seconds of its decode steps."""
+    prefill: int
+    """Prompt tokens it computes (its prompt less the reused prefix)."""
+    steps: int
+    """Decode iterations it runs: its (estimated) output length."""
+    commit: float
+    """KV tokens the engine's admission counts against it, averaged over its life."""
+    prompt: int = 0
+    """Prompt tokens its decode steps read."""
+    held_prompt: int = 0
+    """Prompt tokens it holds on its own (shared prefixes are the cache's)."""
+    max_new_tokens: int = 0
+    exact: bool = False
+
+    def commitment_at(self, decoded: int) -> float:
+        """KV tokens the engine counts against it after ``decoded`` tokens: what it holds plus
+        the decode room held back for it."""
+        return float(self.held_prompt + decoded + reserve_at(decoded, self.max_new_tokens, self.exact))
+
+    def left_after(self, decoded: int) -> tuple[float, float, float]:
+        """(compute, memory, KV-token-iterations) it still needs after ``decoded`` tokens."""
+        steps = max(self.steps, 1)
+        decoded = min(decoded, steps)
+        done = self.prompt * decoded + decoded * decoded / 2.0
+        whole = self.prompt * steps + steps * steps / 2.0
+        mem = self.mem * (1.0 - done / whole) if whole else 0.0
+        comp = self.comp * (steps - decoded) / (self.prefill + steps)
+        return comp, mem, self.commit * (steps - decoded)
+
+
+@dataclass
+class LoadTotals:
+    """Sums over a set of requests' loads, kept exact under add and remove."""
+
+    comp: float = 0.0
+    mem: float = 0.0
+    prefill: float = 0.0
+    kv_steps: float = 0.0
+    steps: float = 0.0
+    count: int = 0
+
+    def add(self, load: Load, sign: int = 1) -> None:
+        self.comp += sign * load.comp
+        self.mem += sign * load.mem
+        self.prefill += sign * load.prefill
+        self.kv_steps += sign * load.commit * max(load.steps, 1)
+        self.steps += sign * max(load.steps, 1)
+        self.count += sign
+
+
+def peak_commitment(tracks: Sequence[tuple[Load, int]]) -> float:
+    """The most KV the engine will count against requests ``(load, decoded so far)`` as they
+    decode on to their estimated lengths: the sum rises while requests grow and drops as each
+    finishes, so it peaks just before some request finishes (or now)."""
+    if not tracks:
+        return 0.0
+    held = np.array([load.held_prompt for load, _decoded in tracks], dtype=float)
+    decoded = np.array([decoded for _load, decoded in tracks], dtype=float)
+    ends = np.maximum(np.array([load.steps for load, _decoded in tracks], dtype=float) - decoded, 0.0)
+    max_new = np.array([load.max_new_tokens for load, _decoded in tracks], dtype=float)
+    exact = np.array([load.exact for load, _decoded in tracks])
+    offsets = np.unique(np.concatenate([[0.0], np.maximum(ends - 1.0, 0.0)]))[:, None]
+    at = decoded + offsets
+    alive = (offsets < ends) | (offsets == 0)
+    return float(np.max(np.sum((held + at + reserve_at(at, max_new, exact)) * alive, axis=1)))
