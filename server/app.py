@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 
+from server.assignment import Assigner, split_evenly
 from server.blobs import BlobDir
 from server.config import BatchApiConfig
 from server.errors import ApiError, api_error_handler
@@ -29,9 +30,10 @@ def loopback_url(host: str, port: int) -> str:
 
 
 def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, api_key: str | None,
-                      admin_api_key: str | None = None) -> None:
+                      admin_api_key: str | None = None, assigner: Assigner = split_evenly) -> None:
     """Open the store (failing now, before SGLang loads a model, if it cannot be opened) and mount
-    the routes; the runner starts with the app."""
+    the routes; the runner starts with the app. It sends lines to this server and to the
+    configured workers, spread over their DP ranks by ``assigner``."""
     store = BatchStore.open(config.store_url, config.data_dir)
     blobs = BlobDir(config.data_dir)
     runners: list[BatchRunner] = []
@@ -48,7 +50,8 @@ def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, ap
     @asynccontextmanager
     async def lifespan(app_: Any) -> AsyncIterator[Any]:
         async with sglang_lifespan(app_) as state:
-            runner = BatchRunner(store, blobs, workers=(self_url,),
+            runner = BatchRunner(store, blobs, workers=(self_url, *config.workers), assigner=assigner,
+                                 worker_grace_s=config.worker_grace_s,
                                  owner=f"{socket.gethostname()}:{self_url.rsplit(':', 1)[1]}", api_key=api_key,
                                  admin_api_key=admin_api_key,
                                  max_inflight=config.max_inflight, max_file_lines=config.max_file_lines)

@@ -1,29 +1,76 @@
-"""Which worker server runs which lines of a batch.
+"""Which worker server, and which data-parallel rank inside it, runs which lines of a batch.
 
-The runner assigns a batch's unfinished lines whenever it takes the batch up, so a restart with a
-different set of workers spreads whatever is left over the workers it has now. An `Assigner` sees
-each unfinished line's index row and can read the line itself (``read_line``), so it may spread a
-batch by its prompts' shared prefixes as well as by count; it returns each worker's line numbers.
+The runner assigns a batch's unfinished lines whenever it takes the batch up, and again when a
+worker dies, so whatever is left is spread over the workers alive at that moment. A worker server
+started with ``--dp-size N`` offers N slots, one per DP rank; a line assigned to a rank is sent
+with SGLang's ``routed_dp_rank`` so that SGLang's own DP controller puts it there. An `Assigner`
+sees each unfinished line's index row and can read the line itself (``read_line``), so it may
+spread a batch by its prompts' shared prefixes as well as by count; it returns each slot's lines.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from sgl_blend.batch_lines import SUPPORTED_URLS, BatchLine, parse_line
+from sgl_blend.line_work import LinePartitioner
 from server.store import LineRow
 
-Assignment = dict[str, list[int]]
-Assigner = Callable[[Sequence[LineRow], Sequence[str], Callable[[LineRow], bytes]], Assignment]
+
+@dataclass(frozen=True, order=True)
+class Slot:
+    """A place a line runs: a worker's base URL, and the DP rank in it (None: a server with one
+    scheduler, or one whose DP controller should choose)."""
+
+    worker: str
+    dp_rank: int | None = None
 
 
-def split_evenly(lines: Sequence[LineRow], workers: Sequence[str],
+def worker_slots(worker: str, dp_size: int) -> list[Slot]:
+    return [Slot(worker)] if dp_size <= 1 else [Slot(worker, rank) for rank in range(dp_size)]
+
+
+Assignment = dict[Slot, list[int]]
+Assigner = Callable[[Sequence[LineRow], Sequence[Slot], Callable[[LineRow], bytes]], Assignment]
+
+
+def split_evenly(lines: Sequence[LineRow], slots: Sequence[Slot],
                  read_line: Callable[[LineRow], bytes] | None = None) -> Assignment:
-    """Contiguous runs of the lines in file order, of near-equal size, one per worker, so that
-    neighbouring lines (which often share a prompt prefix) stay on one server."""
+    """Contiguous runs of the lines in file order, of near-equal size, one per slot, so that
+    neighbouring lines (which often share a prompt prefix) stay together."""
     numbers = sorted(line.line_number for line in lines)
     assignment: Assignment = {}
-    for index, worker in enumerate(workers):
-        start, end = len(numbers) * index // len(workers), len(numbers) * (index + 1) // len(workers)
+    for index, slot in enumerate(slots):
+        start, end = len(numbers) * index // len(slots), len(numbers) * (index + 1) // len(slots)
         if end > start:
-            assignment[worker] = numbers[start:end]
+            assignment[slot] = numbers[start:end]
     return assignment
+
+
+class PrefixAssigner:
+    """BlendServe's DP partition (paper §5.5) as an `Assigner`: one prefix tree over the lines,
+    planned and cut into balanced shares of whole subtrees, one share per slot. Lines that will
+    not run (invalid ones) cost nothing and are spread by count."""
+
+    def __init__(self, partitioner: LinePartitioner) -> None:
+        self.partitioner = partitioner
+
+    def __call__(self, lines: Sequence[LineRow], slots: Sequence[Slot],
+                 read_line: Callable[[LineRow], bytes]) -> Assignment:
+        if len(slots) <= 1:
+            return split_evenly(lines, slots)
+        runnable: list[BatchLine] = []
+        invalid: list[LineRow] = []
+        for row in lines:
+            parsed = None if row.error_code else parse_line(read_line(row).decode("utf-8", "replace"),
+                                                            row.line_number, SUPPORTED_URLS)
+            if isinstance(parsed, BatchLine):
+                runnable.append(parsed)
+            else:
+                invalid.append(row)
+        assignment: Assignment = {slot: share for slot, share in zip(slots, self.partitioner.shares(runnable, len(slots)))
+                                  if share}
+        for slot, numbers in split_evenly(invalid, slots).items():
+            assignment.setdefault(slot, []).extend(numbers)
+        return assignment

@@ -17,6 +17,7 @@ DATA_DIR_ENV = "SGLBLEND_DATA_DIR"
 DEFAULT_MAX_FILE_LINES = 50_000
 DEFAULT_MAX_FILE_BYTES = 200 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT = 1024
+DEFAULT_WORKER_GRACE_S = 15.0
 
 
 def default_data_dir() -> Path:
@@ -29,13 +30,17 @@ def default_data_dir() -> Path:
 
 @dataclass(frozen=True)
 class BatchApiConfig:
-    """``store_url`` empty means SQLite in ``data_dir``."""
+    """``store_url`` empty means SQLite in ``data_dir``. ``workers``: other servers' base URLs that
+    this server's batch runner also sends lines to (it always uses itself); ``worker_grace_s``: how
+    long a worker may stay unreachable before its unfinished lines move to the others."""
 
     data_dir: Path = field(default_factory=default_data_dir)
     store_url: str = ""
     max_file_lines: int = DEFAULT_MAX_FILE_LINES
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_inflight: int = DEFAULT_MAX_INFLIGHT
+    workers: tuple[str, ...] = ()
+    worker_grace_s: float = DEFAULT_WORKER_GRACE_S
 
     def to_env(self) -> dict[str, str]:
         values = asdict(self)
@@ -50,4 +55,5 @@ class BatchApiConfig:
             return None
         values = json.loads(text)
         values["data_dir"] = Path(values["data_dir"])
+        values["workers"] = tuple(values.get("workers", ()))
         return cls(**values)

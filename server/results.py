@@ -5,6 +5,15 @@ states, the counters and the files' new lengths in one transaction. Bytes past a
 belong to no committed line, so a restart cuts them off and runs those lines again. One commit
 covers every result that arrived while the previous one was syncing, which keeps the fsyncs few
 however fast lines finish.
+
+Only the batch's current coordinator can commit (the store fences every commit on its lease), but a
+coordinator that lost its lease without knowing it may still append to the same files until its
+next commit fails. So a writer appends only to a file that ends at its committed length, and checks
+after the fsync that the file grew by exactly its own records; otherwise (`ForeignBytes`) it lets
+the batch go, and the runner takes it up again only if the store says it still holds the lease,
+cutting the files back to the store's committed lengths as any take-over does. A committed length
+therefore never covers another runner's bytes, and only a lease holder ever cuts a file; rolling
+back after a failed commit cuts only a file that still ends with this writer's own append.
 """
 
 from __future__ import annotations
@@ -32,6 +41,10 @@ class LineResult:
     outcome: LineOutcome
 
 
+class ForeignBytes(RuntimeError):
+    """Someone else appended to a result file while this writer did (a runner that lost its lease)."""
+
+
 class _ResultFiles:
     """A batch's two result files, open for appending, with the lengths last committed."""
 
@@ -39,25 +52,43 @@ class _ResultFiles:
         self.output: BinaryIO = blobs.open_append(output_blob)
         self.error: BinaryIO = blobs.open_append(error_blob)
         self.committed = (output_bytes, error_bytes)
+        self._appended_to: tuple[int, int] | None = None
 
     def append(self, results: list[LineResult], commit: BatchCommit) -> None:
+        self._appended_to = None
+        chunks = (bytearray(), bytearray())
         for result in results:
             data = (json.dumps(result.outcome.record, ensure_ascii=False) + "\n").encode()
-            (self.output if result.outcome.ok else self.error).write(data)
+            chunks[0 if result.outcome.ok else 1].extend(data)
             (commit.completed_lines if result.outcome.ok else commit.failed_lines).append(result.line_number)
             commit.input_tokens += result.outcome.usage.prompt_tokens
             commit.cached_tokens += result.outcome.usage.cached_tokens
             commit.output_tokens += result.outcome.usage.completion_tokens
-        for handle in (self.output, self.error):
+        ends = []
+        for handle, length in zip((self.output, self.error), self.committed):
+            if os.fstat(handle.fileno()).st_size != length:
+                raise ForeignBytes(f"{handle.name} does not end at its committed length {length}")
+        for handle, length, chunk in zip((self.output, self.error), self.committed, chunks):
+            handle.write(chunk)
             handle.flush()
             os.fsync(handle.fileno())
-        commit.output_bytes, commit.error_bytes = self.output.tell(), self.error.tell()
+            ends.append(handle.tell())
+            if ends[-1] != length + len(chunk):
+                raise ForeignBytes(f"{handle.name} grew by {ends[-1] - length} bytes, {len(chunk)} of them ours")
+        self._appended_to = (ends[0], ends[1])
+        commit.output_bytes, commit.error_bytes = ends
 
     def roll_back(self) -> None:
-        """Cut the files back to what the store has committed, after a commit that failed."""
-        for handle, length in zip((self.output, self.error), self.committed):
-            handle.truncate(length)
-            handle.flush()
+        """Cut the files back to what the store has committed, after a commit that failed. Only a
+        file that still ends where this writer's last append ended: otherwise the bytes past the
+        committed length are not (only) its own, and are left for a lease holder's take-over to cut."""
+        if self._appended_to is None:
+            return
+        for handle, length, end in zip((self.output, self.error), self.committed, self._appended_to):
+            if os.fstat(handle.fileno()).st_size == end:
+                handle.truncate(length)
+                handle.flush()
+        self._appended_to = None
 
     def close(self) -> None:
         self.output.close()
@@ -148,8 +179,8 @@ class ResultWriter:
                 logger.error("dropping results delivered twice: %s", error)
                 files.roll_back()
                 retry.extend(result for result in results if result.line_number not in error.lines)
-            except LeaseLost as error:
-                logger.warning("batch results not committed: %s", error)
+            except (LeaseLost, ForeignBytes) as error:
+                logger.warning("batch results not committed; letting the batch go: %s", error)
                 self.lost_batches.add(batch_id)
                 self.close(batch_id)
             except Exception:

@@ -7,13 +7,19 @@ A wide window of lines per worker stays in flight across all in-progress batches
 scheduler can only order what it has been given. Nothing about a batch is held whole in memory:
 lines are read from the store in chunks and from the input file by offset.
 
-Workers are base URLs (today this server alone); a batch's unfinished lines are assigned to them
-whenever the runner takes the batch up.
+Workers are base URLs: this server, and any others `sgl-blend serve --batch-workers` names. Each
+offers one slot per DP rank (its ``dp_size``, read from its ``/server_info``). A batch's unfinished
+lines are assigned to the live slots when the runner takes the batch up, by BlendServe's DP
+partition; a worker that stays unreachable for ``worker_grace_s`` is declared dead and its
+unfinished lines are assigned again over the slots still alive. Lines run at most once in effect:
+a result is committed only if its line is still pending, so a line that a dead worker did finish
+after all is not counted twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
@@ -27,7 +33,7 @@ from sgl_blend.batch_lines import LineError, error_record, line_error_record, pa
 from sgl_blend.line_sender import (LineOutcome, LineUsage, WorkerUnreachable, abort_requests, open_session,
                                    send_line)
 from sgl_blend.offline import offline_headers
-from server.assignment import Assigner, split_evenly
+from server.assignment import Assigner, Slot, split_evenly, worker_slots
 from server.blobs import BlobDir
 from server.results import LineResult, ResultWriter
 from server.store import BatchRow, BatchStore, Conflict, FileRow, LeaseLost, LineRow
@@ -40,6 +46,8 @@ LEASE_S = 30.0
 POLL_S = 0.5
 HOUSEKEEPING_S = 60.0
 MAX_WORKER_BACKOFF_S = 10.0
+WORKER_GRACE_S = 15.0
+PROBE_TIMEOUT_S = 10.0
 ABORT_ROUNDS, ABORT_ROUND_S = 30, 1.0
 
 
@@ -65,7 +73,8 @@ class _Feed:
 @dataclass
 class _ActiveBatch:
     row: BatchRow
-    feeds: dict[str, _Feed] = field(default_factory=dict)
+    # one per slot the batch's lines are assigned to; empty until the batch is assigned
+    feeds: dict[Slot, _Feed] = field(default_factory=dict)
     inflight: dict[int, asyncio.Task] = field(default_factory=dict)
     # line number -> (worker, SGLang request id) of each line being sent
     requests: dict[int, tuple[str, str]] = field(default_factory=dict)
@@ -84,16 +93,26 @@ class _ActiveBatch:
 @dataclass
 class _Worker:
     url: str
+    dp_size: int | None = None  # None: not known to be alive (not probed yet, or declared dead)
     inflight: int = 0
     down_until: float = 0.0
     backoff_s: float = 0.0
+    failing_since: float | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.dp_size is not None
+
+    def slots(self) -> list[Slot]:
+        return worker_slots(self.url, self.dp_size) if self.dp_size is not None else []
 
 
 class BatchRunner:
     def __init__(self, store: BatchStore, blobs: BlobDir, *, workers: Sequence[str], owner: str,
                  api_key: str | None = None, admin_api_key: str | None = None,
                  max_inflight: int = 1024, max_file_lines: int = 50_000,
-                 assigner: Assigner = split_evenly, poll_s: float = POLL_S, lease_s: float = LEASE_S) -> None:
+                 assigner: Assigner = split_evenly, poll_s: float = POLL_S, lease_s: float = LEASE_S,
+                 worker_grace_s: float = WORKER_GRACE_S) -> None:
         if not workers:
             raise ValueError("a batch runner needs at least one worker URL")
         self.store = store
@@ -104,7 +123,8 @@ class BatchRunner:
         self.assigner = assigner
         self.poll_s = poll_s
         self.lease_s = lease_s
-        self.workers = {url: _Worker(url) for url in workers}
+        self.worker_grace_s = worker_grace_s
+        self.workers = {url: _Worker(url) for url in dict.fromkeys(workers)}
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # SGLang guards /abort_request with the admin key when one is set.
         abort_key = admin_api_key or api_key
@@ -138,6 +158,7 @@ class BatchRunner:
                     if now >= next_housekeeping:
                         await self._housekeeping()
                         next_housekeeping = now + HOUSEKEEPING_S
+                    await self._probe_workers()
                     self._advance()
                     await self._dispatch()
                 except Exception:
@@ -171,8 +192,8 @@ class BatchRunner:
         rows = await asyncio.to_thread(self.store.claim_batches, self.owner, time.time(), self.lease_s, steal=steal)
         held = {row.id: row for row in rows}
         for batch_id in list(self._active):
-            if batch_id not in held:
-                self._drop(batch_id)
+            if batch_id not in held or batch_id in self._writer.lost_batches:
+                self._drop(batch_id)  # a batch the writer let go is taken up afresh if still held
         for row in held.values():
             batch = self._active.get(row.id)
             if batch is None:
@@ -182,25 +203,44 @@ class BatchRunner:
 
     async def _adopt(self, row: BatchRow) -> None:
         """Take a batch up: cut its result files back to the committed lengths (anything past them
-        was written by a run that died before committing) and spread its unfinished lines."""
+        was written by a run that died before committing); its lines are spread by `_assign`."""
         await asyncio.to_thread(self.blobs.truncate, row.output_blob, row.output_bytes)
         await asyncio.to_thread(self.blobs.truncate, row.error_blob, row.error_bytes)
         self._writer.open(row.id, row.output_blob, row.error_blob, row.output_bytes, row.error_bytes)
-        batch = _ActiveBatch(row)
-        self._active[row.id] = batch
-        if row.status == "in_progress":
-            await self._assign(batch)
+        self._active[row.id] = _ActiveBatch(row)
+
+    def _live_slots(self) -> list[Slot]:
+        return [slot for worker in self.workers.values() for slot in worker.slots()]
+
+    def _needs_assigning(self, batch: _ActiveBatch) -> bool:
+        """A batch not spread yet, or with lines on a worker that died, while some slot is alive."""
+        if not self._live_slots():
+            return False
+        return not batch.feeds or any(not self.workers[slot.worker].live for slot in batch.feeds)
 
     async def _assign(self, batch: _ActiveBatch) -> None:
+        """Spread the batch's unfinished lines over the live slots: all of them the first time,
+        afterwards those of dead workers; then read every slot's share afresh."""
+        slots = self._live_slots()
         lines = await asyncio.to_thread(self.store.pending_lines, batch.id)
+        if batch.feeds:
+            dead = {slot.worker for slot in batch.feeds if not self.workers[slot.worker].live}
+            lines = [line for line in lines if line.worker in dead]
+            logger.warning("batch %s: moving %d unfinished lines of %s to %s", batch.id, len(lines),
+                           ", ".join(sorted(dead)), ", ".join(sorted({slot.worker for slot in slots})))
         input_file = batch.row.input_file_id
 
         def read_line(line: LineRow) -> bytes:
             return self.blobs.read_range(input_file, line.byte_offset, line.byte_length)
 
-        assignment = await asyncio.to_thread(self.assigner, lines, list(self.workers), read_line)
+        assignment = await asyncio.to_thread(self.assigner, lines, slots, read_line)
         await asyncio.to_thread(self.store.assign, batch.id, self.owner, assignment)
-        batch.feeds = {url: _Feed() for url in self.workers}
+        batch.feeds = {slot: _Feed() for slot in slots}
+
+    def _reread(self, batch: _ActiveBatch) -> None:
+        """Forget what the feeds buffered and read each slot's unfinished lines from the store again
+        (lines in flight are skipped as they are read)."""
+        batch.feeds = {slot: _Feed() for slot in batch.feeds}
 
     def _drop(self, batch_id: str) -> None:
         batch = self._active.pop(batch_id)
@@ -228,6 +268,8 @@ class BatchRunner:
                 step = self._finish(batch, "completed")
             elif status == "in_progress" and now >= batch.row.expires_at:
                 step = self._close(batch, "expired")
+            elif status == "in_progress" and self._needs_assigning(batch):
+                step = self._assign(batch)
             elif status == "in_progress" and self._drained(batch):
                 step = self._finalize(batch)
             else:
@@ -263,12 +305,14 @@ class BatchRunner:
             error = FileRejected("file_not_found", f"the input file {row.input_file_id} is gone")
             await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [error.as_batch_error()], now)
         await self._reload(batch)
-        if started is not None and batch.row.status == "in_progress":
-            await self._assign(batch)
-        elif batch.row.status == "failed":
+        if batch.row.status == "failed":
             self._drop(batch.id)
 
     async def _finalize(self, batch: _ActiveBatch) -> None:
+        if await asyncio.to_thread(self.store.pending_lines, batch.id, limit=1):
+            # a line left its feed without a result (its worker died as it was reassigned)
+            self._reread(batch)
+            return
         await asyncio.to_thread(self.store.set_finalizing, batch.id, self.owner, int(time.time()))
         await self._reload(batch)
         if batch.row.status == "finalizing":
@@ -340,24 +384,28 @@ class BatchRunner:
         batches = [batch for batch in self._active.values() if batch.dispatching]
         now = time.monotonic()
         for worker in self.workers.values():
-            if worker.down_until > now:
+            if not worker.live or worker.down_until > now:
                 continue
+            slots = worker.slots()
             while worker.inflight < self.max_inflight:
                 started = 0
                 for batch in batches:
-                    feed = batch.feeds[worker.url]
-                    if not feed.buffer and not feed.retry and not feed.exhausted:
-                        await self._refill(batch, worker.url, feed)
-                    line = feed.next()
-                    if line is not None and worker.inflight < self.max_inflight and batch.dispatching:
-                        self._start_line(batch, worker, line)
-                        started += 1
+                    for slot in slots:
+                        feed = batch.feeds.get(slot)
+                        if feed is None:
+                            continue
+                        if not feed.buffer and not feed.retry and not feed.exhausted:
+                            await self._refill(batch, slot, feed)
+                        line = feed.next()
+                        if line is not None and worker.inflight < self.max_inflight and batch.dispatching:
+                            self._start_line(batch, worker, line)
+                            started += 1
                 if not started:
                     break
 
-    async def _refill(self, batch: _ActiveBatch, worker: str, feed: _Feed) -> None:
+    async def _refill(self, batch: _ActiveBatch, slot: Slot, feed: _Feed) -> None:
         rows = await asyncio.to_thread(self.store.pending_lines, batch.id, after_line=feed.after_line,
-                                       limit=FEED_CHUNK, worker=worker)
+                                       limit=FEED_CHUNK, slot=slot)
         rows = [row for row in rows if row.line_number not in batch.inflight]
         feed.buffer.extend(rows)
         if rows:
@@ -391,22 +439,60 @@ class BatchRunner:
                 rid = f"{batch.id}-{line.line_number}-{secrets.token_hex(4)}"
                 batch.requests[line.line_number] = (worker.url, rid)
                 try:
-                    outcome = await send_line(self._session, worker.url, parsed, offline_headers(batch.id), rid)
+                    outcome = await send_line(self._session, worker.url, parsed, offline_headers(batch.id), rid,
+                                              dp_rank=line.dp_rank)
                 except WorkerUnreachable as error:
                     self._worker_failed(worker, error)
-                    batch.feeds[worker.url].retry.append(line)
+                    feed = batch.feeds.get(Slot(worker.url, line.dp_rank))
+                    if feed is not None and worker.live:
+                        feed.retry.append(line)
+                    else:  # its slot is gone: the line is another slot's now, and read again there
+                        self._reread(batch)
                     return
-                worker.backoff_s = 0.0
+                worker.backoff_s, worker.failing_since = 0.0, None
                 if outcome.aborted and batch.closing:
                     return  # stopped by our own abort: the line never finished
         self._writer.put(LineResult(batch.id, line.line_number, outcome))
 
     def _worker_failed(self, worker: _Worker, error: Exception) -> None:
         """Pause a worker that did not answer (down, or not listening yet) with a growing back-off;
-        its lines wait and go again, since they never ran."""
+        its lines wait and go again, since they never ran. One that stays unreachable for the
+        grace period is declared dead, and `_advance` moves its lines to the live slots."""
+        now = time.monotonic()
         worker.backoff_s = min(MAX_WORKER_BACKOFF_S, max(0.25, worker.backoff_s * 2))
-        worker.down_until = time.monotonic() + worker.backoff_s
-        logger.info("worker unreachable, retrying in %.1f s: %s", worker.backoff_s, error)
+        worker.down_until = now + worker.backoff_s
+        worker.failing_since = worker.failing_since or now
+        if worker.live and now - worker.failing_since >= self.worker_grace_s:
+            logger.warning("worker %s unreachable for %.0f s; declaring it dead: %s", worker.url,
+                           now - worker.failing_since, error)
+            worker.dp_size = None
+            self.wake(refresh=False)
+        else:
+            logger.info("worker unreachable, retrying in %.1f s: %s", worker.backoff_s, error)
+
+    async def _probe_workers(self) -> None:
+        """Ask each worker not known to be alive for its ``/server_info`` (at its back-off pace): one
+        that answers is alive, with as many slots as it has DP ranks."""
+        now = time.monotonic()
+        waiting = [worker for worker in self.workers.values() if not worker.live and worker.down_until <= now]
+        for worker, dp_size in zip(waiting, await asyncio.gather(*(self._dp_size(worker) for worker in waiting))):
+            if dp_size is None:
+                worker.backoff_s = min(MAX_WORKER_BACKOFF_S, max(0.25, worker.backoff_s * 2))
+                worker.down_until = now + worker.backoff_s
+                continue
+            worker.dp_size, worker.backoff_s, worker.failing_since, worker.down_until = dp_size, 0.0, None, 0.0
+            logger.info("worker %s is alive with %d DP rank(s)", worker.url, dp_size)
+
+    async def _dp_size(self, worker: _Worker) -> int | None:
+        try:
+            async with self._session.get(worker.url + "/server_info",
+                                         timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as response:
+                if response.status != 200:
+                    return None
+                info = json.loads(await response.text())
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+        return max(1, int(info.get("dp_size") or 1))
 
     # Housekeeping
 

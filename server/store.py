@@ -11,16 +11,20 @@ Several runners may share one PostgreSQL store. Each batch has one coordinator a
 with a ``lease_until`` it keeps renewing), because its result files must have a single writer for
 the committed-length scheme to hold; every write a coordinator makes is fenced on still owning the
 lease. A coordinator may still spread a batch's lines over several servers: each line records the
-``worker`` it is assigned to.
+``worker`` it is assigned to, and the DP rank inside it (``dp_rank``, NULL when the server's own
+DP controller chooses).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from server.db import Database, open_database
+
+if TYPE_CHECKING:
+    from server.assignment import Slot
 
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_STATUSES = ("completed", "failed", "expired", "cancelled")
@@ -77,9 +81,10 @@ _SCHEMA = (
         error_code TEXT,
         error_message TEXT,
         worker TEXT,
+        dp_rank BIGINT,
         PRIMARY KEY (batch_id, line_number)
     )""",
-    "CREATE INDEX IF NOT EXISTS batch_lines_todo ON batch_lines (batch_id, state, worker, line_number)",
+    "CREATE INDEX IF NOT EXISTS batch_lines_todo ON batch_lines (batch_id, state, worker, dp_rank, line_number)",
     "CREATE INDEX IF NOT EXISTS batches_active ON batches (status, lease_until)",
 )
 
@@ -158,6 +163,7 @@ class LineRow:
     error_code: str | None = None
     error_message: str | None = None
     worker: str | None = None
+    dp_rank: int | None = None
 
 
 @dataclass
@@ -194,8 +200,22 @@ class BatchStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         with db.transaction() as tx:
-            for statement in _SCHEMA:
+            for statement in _SCHEMA[:3]:
                 tx.execute(db.ddl(statement))
+        self._add_dp_rank_column()
+        with db.transaction() as tx:
+            for statement in _SCHEMA[3:]:
+                tx.execute(db.ddl(statement))
+
+    def _add_dp_rank_column(self) -> None:
+        """A store made before lines had a DP rank gets the column (its lines keep NULL: any rank)."""
+        try:
+            with self.db.transaction() as tx:
+                tx.execute("SELECT dp_rank FROM batch_lines WHERE 1 = 0")
+        except Exception:
+            with self.db.transaction() as tx:
+                tx.execute("DROP INDEX IF EXISTS batch_lines_todo")
+                tx.execute("ALTER TABLE batch_lines ADD COLUMN dp_rank BIGINT")
 
     @classmethod
     def open(cls, store_url: str, data_dir: Any) -> BatchStore:
@@ -327,21 +347,26 @@ class BatchStore:
             tx.execute("UPDATE batches SET status = 'failed', failed_at = ?, errors = ? WHERE id = ?",
                        (now, json.dumps(errors), batch_id))
 
-    def assign(self, batch_id: str, owner: str, assignment: Mapping[str, Sequence[int]]) -> None:
-        """Record which worker runs each of the batch's unfinished lines (worker -> line numbers)."""
-        rows = [(worker, batch_id, PENDING, line) for worker, lines in assignment.items() for line in lines]
+    def assign(self, batch_id: str, owner: str, assignment: Mapping[Slot, Sequence[int]]) -> None:
+        """Record where each of the batch's unfinished lines runs (slot -> line numbers)."""
+        rows = [(slot.worker, slot.dp_rank, batch_id, PENDING, line)
+                for slot, lines in assignment.items() for line in lines]
         with self.db.transaction() as tx:
             self._fence(tx, batch_id, owner)
             for start in range(0, len(rows), _INSERT_CHUNK):
-                tx.executemany("UPDATE batch_lines SET worker = ? WHERE batch_id = ? AND state = ? AND line_number = ?",
-                               rows[start:start + _INSERT_CHUNK])
+                tx.executemany("UPDATE batch_lines SET worker = ?, dp_rank = ? WHERE batch_id = ? AND state = ?"
+                               " AND line_number = ?", rows[start:start + _INSERT_CHUNK])
 
     def pending_lines(self, batch_id: str, *, after_line: int = 0, limit: int | None = None,
-                      worker: str | None = None) -> list[LineRow]:
+                      worker: str | None = None, slot: Slot | None = None) -> list[LineRow]:
         """The unfinished lines after ``after_line`` in file order, at most ``limit`` of them (of one
-        worker's share when ``worker`` is given)."""
+        worker's share when ``worker`` is given, of one slot's when ``slot`` is)."""
         sql = "SELECT * FROM batch_lines WHERE batch_id = ? AND state = ? AND line_number > ?"
         params: tuple = (batch_id, PENDING, after_line)
+        if slot is not None:
+            worker = slot.worker
+            sql += " AND dp_rank IS NULL" if slot.dp_rank is None else " AND dp_rank = ?"
+            params += () if slot.dp_rank is None else (slot.dp_rank,)
         if worker is not None:
             sql += " AND worker = ?"
             params += (worker,)

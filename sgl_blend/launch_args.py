@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+CPU_THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 CPU_DEFAULT_FLAGS: tuple[tuple[str, str | None], ...] = (
     ("--device", "cpu"),
     ("--attention-backend", "torch_native"),
@@ -44,3 +45,17 @@ def flag_value(argv: Sequence[str], flag: str, default: str | None = None) -> st
         elif arg.startswith(flag + "="):
             value = arg.split("=", 1)[1]
     return value
+
+
+def cpu_thread_binding(ranks: int, cpus: Sequence[int]) -> str:
+    """A ``SGLANG_CPU_OMP_THREADS_BIND`` value giving each of ``ranks`` scheduler processes its own
+    cores: contiguous equal groups, or, with more ranks than cores, one core each in turn. SGLang
+    otherwise wants one NUMA node per rank, and a small machine has one node."""
+    cpus = sorted(cpus)
+    if not cpus or ranks < 1:
+        raise ValueError("need at least one rank and one core")
+    if ranks > len(cpus):
+        return "|".join(str(cpus[rank % len(cpus)]) for rank in range(ranks))
+    size = len(cpus) // ranks
+    groups = [cpus[rank * size:(rank + 1) * size] for rank in range(ranks)]
+    return "|".join(",".join(str(cpu) for cpu in group) for group in groups)

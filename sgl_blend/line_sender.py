@@ -17,6 +17,9 @@ import aiohttp
 
 from sgl_blend.batch_lines import BatchLine, output_record
 
+# The routes whose request carries SGLang's ``routed_dp_rank`` (embedding requests have no such field).
+DP_ROUTED_URLS = ("/v1/chat/completions", "/v1/completions")
+
 
 class WorkerUnreachable(Exception):
     """The server gave no HTTP answer for a line (it may be down or restarting)."""
@@ -75,10 +78,14 @@ def open_session(max_inflight: int, headers: Mapping[str, str] | None = None) ->
 
 
 async def send_line(session: aiohttp.ClientSession, base_url: str, line: BatchLine,
-                    headers: Mapping[str, str] | None = None, rid: str | None = None) -> LineOutcome:
+                    headers: Mapping[str, str] | None = None, rid: str | None = None,
+                    dp_rank: int | None = None) -> LineOutcome:
     """POST the line's body to ``base_url + line.url``; any HTTP answer becomes the line's record.
-    ``rid`` names the request inside SGLang, so that `abort_requests` can stop it."""
+    ``rid`` names the request inside SGLang, so that `abort_requests` can stop it; ``dp_rank``
+    has SGLang's DP controller run it on that rank (chat and completion lines)."""
     body = {**line.body, "rid": rid} if rid else line.body
+    if dp_rank is not None and line.url in DP_ROUTED_URLS:
+        body = {**body, "routed_dp_rank": dp_rank}
     try:
         async with session.post(base_url + line.url, json=body, headers=headers) as response:
             text = await response.text()

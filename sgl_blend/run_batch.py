@@ -4,7 +4,9 @@ Lines go to the server as offline work, so the scheduler orders them (BlendServe
 and results are appended to the output file the moment each finishes. The output and error
 files are the job's only state: a re-run skips every custom_id (and every failed line number)
 already written, so an interrupted job resumes without running a line twice. A wide window of
-lines is kept in flight because the scheduler can only order what it has been given.
+lines is kept in flight because the scheduler can only order what it has been given. On a server
+with several DP ranks, the job's lines are cut into balanced shares of whole prefix subtrees
+(BlendServe's DP partition) and each line is sent with its rank's ``routed_dp_rank``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TextIO
 
 import aiohttp
 from tqdm import tqdm
@@ -25,6 +27,7 @@ from sgl_blend.line_sender import LineUsage, WorkerUnreachable, open_session, se
 from sgl_blend.offline import offline_headers
 
 if TYPE_CHECKING:
+    from sgl_blend.core.cost_model import HardwareSpec
     from sgl_blend.serve import ServerProcess
 
 RUN_BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
@@ -115,7 +118,9 @@ async def run_job(
     max_inflight: int = 1024,
     job_id: str = "run-batch",
     show_progress: bool = True,
+    dp_ranks: Mapping[int, int] | None = None,
 ) -> JobTotals:
+    """``dp_ranks``: line number -> the DP rank that runs it (none: SGLang's DP controller picks)."""
     done_ids, done_lines = finished_keys(output_path, error_path)
     totals = JobTotals(seen_ids=set(done_ids))
     todo = sum(1 for item in read_lines(input_path) if _needs_run(item, done_ids, done_lines))
@@ -137,7 +142,8 @@ async def run_job(
                     continue
                 totals.seen_ids.add(item.custom_id)
                 await window.acquire()
-                task = asyncio.create_task(_send(session, base_url, item, totals, outputs, errors))
+                rank = dp_ranks.get(item.line_number) if dp_ranks else None
+                task = asyncio.create_task(_send(session, base_url, item, totals, outputs, errors, rank))
                 task.add_done_callback(lambda done: _on_line_done(done, window, bar, totals, start))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -170,9 +176,9 @@ def _record_invalid(item: BatchLine | LineError, totals: JobTotals, errors: Json
 
 
 async def _send(session: aiohttp.ClientSession, base_url: str, line: BatchLine, totals: JobTotals,
-                outputs: JsonlAppender, errors: JsonlAppender) -> None:
+                outputs: JsonlAppender, errors: JsonlAppender, dp_rank: int | None = None) -> None:
     try:
-        outcome = await send_line(session, base_url, line)
+        outcome = await send_line(session, base_url, line, dp_rank=dp_rank)
     except WorkerUnreachable as error:
         totals.failed += 1
         errors.write(error_record(line.custom_id, "engine_unreachable", str(error), line.line_number))
@@ -197,6 +203,18 @@ def _show_rate(bar: tqdm, totals: JobTotals, start: float) -> None:
     elapsed = max(time.monotonic() - start, 1e-9)
     bar.set_postfix(tok_s=f"{(totals.usage.prompt_tokens + totals.usage.completion_tokens) / elapsed:.0f}",
                     failed=totals.failed, refresh=False)
+
+
+def plan_dp_ranks(input_path: Path, done_ids: set[str], model_path: str, hardware: HardwareSpec,
+                  dp_size: int) -> dict[int, int]:
+    """line number -> DP rank for the lines still to run (first occurrence of each custom_id)."""
+    from sgl_blend.line_work import LinePartitioner, shares_by_rank
+
+    lines: dict[str, BatchLine] = {}
+    for item in read_lines(input_path):
+        if isinstance(item, BatchLine) and item.custom_id not in done_ids:
+            lines.setdefault(item.custom_id, item)
+    return shares_by_rank(LinePartitioner(model_path, hardware).shares(lines.values(), dp_size))
 
 
 def policy_launch(policy: str, hardware: str | None = None) -> tuple[list[str], dict[str, str]]:
@@ -228,30 +246,62 @@ def run_on_fresh_server(
     Returns the job totals and the plugin's final scheduler state. ``while_running`` runs in a
     thread alongside the job (online traffic, for instance) and is joined before the server stops.
     """
-    import threading
-
     from sgl_blend.serve import start_server
 
     flags, env = policy_launch(policy, hardware)
     server = start_server(model, ["--enable-cache-report", *flags, *sglang_args], log_path=server_log, extra_env=env)
-    side_thread = threading.Thread(target=while_running, args=(server,)) if while_running else None
     try:
-        if side_thread:
-            side_thread.start()
-        totals = asyncio.run(run_job(input_path, output_path, error_path, server.base_url, api_key=server.api_key,
-                                     max_inflight=max_inflight, show_progress=show_progress))
-        if side_thread:
-            side_thread.join()
-        return totals, scheduler_plugin_state(server)
+        return run_on_server(server, input_path, output_path, error_path, hardware=hardware,
+                             show_progress=show_progress, max_inflight=max_inflight, while_running=while_running)
     finally:
         server.stop()
 
 
-def scheduler_plugin_state(server: ServerProcess) -> dict[str, Any]:
-    """The plugin's state as the (first) scheduler reports it in ``/server_info``."""
+def run_on_server(
+    server: ServerProcess,
+    input_path: Path,
+    output_path: Path,
+    error_path: Path,
+    *,
+    hardware: str | None = None,
+    show_progress: bool = True,
+    max_inflight: int = 1024,
+    while_running: Callable[[ServerProcess], None] | None = None,
+) -> tuple[JobTotals, dict[str, Any]]:
+    """Run the job on a running server, its lines spread over the server's DP ranks."""
+    import threading
+
+    from sgl_blend.launch_args import flag_value
+    from sgl_blend.sglang_plugin.scheduler_hooks import configured_hardware
+
+    info = server_info(server)
+    dp_ranks = None
+    if int(info.get("dp_size") or 1) > 1:
+        dp_ranks = plan_dp_ranks(input_path, finished_keys(output_path, error_path)[0],
+                                 flag_value(server.argv, "--model-path"),
+                                 configured_hardware(int(info.get("tp_size") or 1), hardware), int(info["dp_size"]))
+    side_thread = threading.Thread(target=while_running, args=(server,)) if while_running else None
+    if side_thread:
+        side_thread.start()
+    totals = asyncio.run(run_job(input_path, output_path, error_path, server.base_url, api_key=server.api_key,
+                                 max_inflight=max_inflight, show_progress=show_progress, dp_ranks=dp_ranks))
+    if side_thread:
+        side_thread.join()
+    return totals, scheduler_plugin_state(server)
+
+
+def server_info(server: ServerProcess) -> dict[str, Any]:
     import urllib.request
 
     request = urllib.request.Request(f"{server.base_url}/server_info",
                                      headers={"Authorization": f"Bearer {server.api_key}"} if server.api_key else {})
     with urllib.request.urlopen(request, timeout=60) as response:
-        return json.load(response)["internal_states"][0].get("sgl_blend", {})
+        return json.load(response)
+
+
+def scheduler_plugin_state(server: ServerProcess) -> dict[str, Any]:
+    """The plugin's state as the first DP rank's scheduler reports it in ``/server_info``, with
+    every rank's own state, by rank, under ``ranks`` when there are several."""
+    states = [state.get("sgl_blend", {}) for state in server_info(server)["internal_states"]]
+    states.sort(key=lambda state: state.get("dp_rank") or 0)
+    return {**states[0], "ranks": states} if len(states) > 1 else states[0]

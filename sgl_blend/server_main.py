@@ -3,7 +3,8 @@
 It is SGLang's own launcher with two differences: the CPU compatibility finder is installed
 first, so the process imports even where no ``.pth`` start-up line put it in place; and, when
 `sgl-blend serve` passed a Batch API configuration, the Files and Batches routes are mounted on
-SGLang's app before it starts (same host, port and API key as SGLang's own routes).
+SGLang's app before it starts (same host, port and API key as SGLang's own routes). On a CPU with
+several scheduler ranks, each is bound to its own cores.
 """
 
 from __future__ import annotations
@@ -23,11 +24,22 @@ def main(argv: list[str] | None = None) -> None:
 
     load_plugins()
     server_args = prepare_server_args(list(sys.argv[1:] if argv is None else argv))
+    _bind_cpu_ranks(server_args)
     _mount_batch_api(server_args)
     try:
         run_server(server_args)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
+
+
+def _bind_cpu_ranks(server_args: object) -> None:
+    """On a CPU, give each scheduler process (DP x TP x PP of them) its own cores, unless the user
+    chose a binding: SGLang's default wants one NUMA node per rank and refuses to start without."""
+    from sgl_blend.launch_args import CPU_THREADS_BIND_ENV, cpu_thread_binding
+
+    ranks = server_args.dp_size * server_args.tp_size * server_args.pp_size
+    if ranks > 1 and not cpu_compat.cuda_present() and not os.environ.get(CPU_THREADS_BIND_ENV):
+        os.environ[CPU_THREADS_BIND_ENV] = cpu_thread_binding(ranks, os.sched_getaffinity(0))
 
 
 def _mount_batch_api(server_args: object) -> None:
@@ -40,12 +52,16 @@ def _mount_batch_api(server_args: object) -> None:
         sys.exit("error: the Batch API needs --tokenizer-worker-num 1 (or sgl-blend serve --no-batch-api)")
     from sglang.srt.entrypoints.http_server import app
 
+    from sgl_blend.line_work import LinePartitioner
+    from sgl_blend.sglang_plugin.scheduler_hooks import configured_hardware
     from server.app import install_batch_api, loopback_url
+    from server.assignment import PrefixAssigner
     from server.db import StoreInUse
 
+    assigner = PrefixAssigner(LinePartitioner(server_args.model_path, configured_hardware(server_args.tp_size)))
     try:
         install_batch_api(app, config, self_url=loopback_url(server_args.host, server_args.port),
-                          api_key=server_args.api_key, admin_api_key=server_args.admin_api_key)
+                          api_key=server_args.api_key, admin_api_key=server_args.admin_api_key, assigner=assigner)
     except (StoreInUse, ValueError, OSError) as error:
         sys.exit(f"error: the Batch API store cannot be opened: {error}")
 

@@ -14,7 +14,8 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from server.config import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES, DEFAULT_MAX_INFLIGHT, default_data_dir
+    from server.config import (DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES, DEFAULT_MAX_INFLIGHT,
+                               DEFAULT_WORKER_GRACE_S, default_data_dir)
 
     parser.add_argument("--model", required=True,
                         help="tiny-llama, smollm2-135m, or a path to an HF model directory")
@@ -39,9 +40,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="largest upload accepted (a bigger one gets 413)")
     batch.add_argument("--batch-max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT,
                        help="batch lines in flight at once per server, across all batches: the pool the scheduler orders")
+    batch.add_argument("--batch-workers", type=_urls, default=(), metavar="URL,...",
+                       help="other sgl-blend/SGLang servers (base URLs, same model and --api-key) that this server's "
+                            "batch runner also sends lines to, spread by BlendServe's DP partition")
+    batch.add_argument("--worker-grace", type=float, default=DEFAULT_WORKER_GRACE_S, metavar="SECONDS",
+                       help="how long a batch worker may stay unreachable before its unfinished lines move to the others")
     batch.add_argument("--no-batch-api", action="store_true", help="serve without the Files and Batches routes")
     add_colocation_arguments(parser)
     parser.set_defaults(accepts_extra_args=True)
+
+
+def _urls(text: str) -> tuple[str, ...]:
+    urls = tuple(url.strip().rstrip("/") for url in text.split(",") if url.strip())
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise argparse.ArgumentTypeError(f"{url!r} is not a base URL like http://host:port")
+    return urls
 
 
 def batch_api_config(args: argparse.Namespace):
@@ -52,7 +66,8 @@ def batch_api_config(args: argparse.Namespace):
         return None
     return BatchApiConfig(data_dir=args.data_dir or default_data_dir(), store_url=args.batch_store,
                           max_file_lines=args.max_file_lines, max_file_bytes=args.max_file_bytes,
-                          max_inflight=args.batch_max_inflight)
+                          max_inflight=args.batch_max_inflight, workers=args.batch_workers,
+                          worker_grace_s=args.worker_grace)
 
 
 def run(args: argparse.Namespace) -> int:

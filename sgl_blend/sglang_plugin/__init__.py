@@ -20,7 +20,11 @@ INTERNAL_STATE_TARGET = (
 
 
 def plugin_state() -> dict[str, Any]:
-    """What the plugin reports about the process it runs in, with the offline pool once it exists."""
+    """What the plugin reports about the process it runs in, with the offline pool once it exists.
+    ``dp_rank`` names the scheduler's DP rank (None without a DP controller): ``internal_states``
+    lists the ranks in the order they answered, not by rank."""
+    from sglang.srt.runtime_context import get_parallel
+
     from sgl_blend.sglang_plugin.colocation_hooks import active_colocation
     from sgl_blend.sglang_plugin.scheduler_hooks import active_pool, active_recorder
 
@@ -28,6 +32,7 @@ def plugin_state() -> dict[str, Any]:
     return {
         "version": __version__,
         "pid": os.getpid(),
+        "dp_rank": get_parallel().dp_rank,
         "cpu_kernel_stub": cpu_compat.kernel_stub_active(),
         "offline": pool.snapshot() if pool is not None else None,
         "colocation": colocation.snapshot() if colocation is not None else None,

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import colocation_hooks as colocation
 from sgl_blend.sglang_plugin.guard import guard
 from sgl_blend.sglang_plugin.iteration_log import IterationRecorder
 from sgl_blend.sglang_plugin.offline_pool import OfflinePool
+
+if TYPE_CHECKING:
+    from sgl_blend.core.cost_model import HardwareSpec
 
 POLICY_ENV = "SGLBLEND_OFFLINE_POLICY"
 HARDWARE_ENV = "SGLBLEND_HARDWARE"
@@ -85,18 +88,27 @@ def _create_pool(tree_cache: Any) -> OfflinePool | None:
         return None
     from sglang.srt.runtime_context import get_server_args
 
-    from sgl_blend.core.cost_model import HardwareSpec, ModelSpec
+    from sgl_blend.core.cost_model import ModelSpec
     from sgl_blend.core.kv_priority import ReuserIndex
     from sgl_blend.core.psm_policy import PSMPolicy, make_offline_policy
 
     server_args = get_server_args()
     model = ModelSpec.from_hf_dir(server_args.model_path)
-    hardware = HardwareSpec.resolve(os.environ.get(HARDWARE_ENV, DEFAULT_HARDWARE))
+    hardware = configured_hardware(server_args.tp_size)
     capacity = int(tree_cache.token_to_kv_pool_allocator.size)
     options = {"utility": float(os.environ[UTILITY_ENV])} if name == PSMPolicy.name and UTILITY_ENV in os.environ else {}
     state = colocation.active_colocation()
     reusers = ReuserIndex() if state is not None and state.controller.config.kv_priorities else None
     return OfflinePool(make_offline_policy(name, model, hardware, **options), name, capacity, reusers)
+
+
+def configured_hardware(tp_size: int = 1, name: str | None = None) -> HardwareSpec:
+    """The device ``name`` (by default the one `sgl-blend serve --hardware` passed down as
+    ``SGLBLEND_HARDWARE``) as one scheduler sees it: a TP group of ``tp_size`` devices has that
+    many times the compute, bandwidth and KV memory of one."""
+    from sgl_blend.core.cost_model import HardwareSpec
+
+    return HardwareSpec.resolve(name or os.environ.get(HARDWARE_ENV, DEFAULT_HARDWARE)).scaled(tp_size)
 
 
 def _calc_priority(original: Callable, policy: Any, waiting_queue: list, *args: Any, **kwargs: Any) -> Any:

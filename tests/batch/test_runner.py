@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from server.assignment import split_evenly
+from server.assignment import Slot, split_evenly
 from server.blobs import BlobDir
 from server.ids import new_batch_id, new_file_id
 from server.runner import BatchRunner
@@ -22,9 +22,10 @@ def test_split_evenly_keeps_neighbours_together() -> None:
     def rows(*numbers: int) -> list[LineRow]:
         return [LineRow(number, f"id-{number}", 0, 1) for number in numbers]
 
-    assert split_evenly(rows(7, 1, 2, 4, 5), ["a", "b"]) == {"a": [1, 2], "b": [4, 5, 7]}
-    assert split_evenly(rows(3), ["a", "b", "c"]) == {"c": [3]}
-    assert split_evenly([], ["a"]) == {}
+    a, b, c = Slot("a"), Slot("b", 0), Slot("b", 1)
+    assert split_evenly(rows(7, 1, 2, 4, 5), [a, b]) == {a: [1, 2], b: [4, 5, 7]}
+    assert split_evenly(rows(3), [a, b, c]) == {c: [3]}
+    assert split_evenly([], [a]) == {}
 
 
 def test_housekeeping_deletes_expired_files(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ from typing import Iterator
 
 import pytest
 
-from server.db import StoreInUse
+from server.assignment import Slot
+from server.db import SQLITE_FILE, StoreInUse
 from server.ids import new_batch_id, new_file_id
 from server.store import AlreadyCommitted, BatchCommit, BatchRow, BatchStore, Conflict, FileRow, LeaseLost
 from server.validation import FileRejected, index_input_file
@@ -145,9 +146,14 @@ def test_a_rejected_file_leaves_no_lines_behind(store: BatchStore, tmp_path: Pat
 
 def test_commits_count_each_line_once_and_assign_workers(store: BatchStore, tmp_path: Path) -> None:
     batch = started(store, tmp_path, [chat_line(str(index)) for index in range(6)])
-    store.assign(batch.id, "runner-a", {"http://w1": [1, 2, 3], "http://w2": [4, 5, 6]})
+    store.assign(batch.id, "runner-a", {Slot("http://w1"): [1, 2, 3], Slot("http://w2", 0): [4, 6],
+                                        Slot("http://w2", 1): [5]})
     assert [line.line_number for line in store.pending_lines(batch.id, after_line=0, limit=9, worker="http://w2")] \
         == [4, 5, 6]
+    assert [(line.line_number, line.dp_rank) for line in store.pending_lines(batch.id, slot=Slot("http://w2", 0))] \
+        == [(4, 0), (6, 0)]
+    assert [line.line_number for line in store.pending_lines(batch.id, slot=Slot("http://w1"))] == [1, 2, 3]
+    assert store.pending_lines(batch.id, slot=Slot("http://w1", 0)) == []
     store.commit_results("runner-a", BatchCommit(batch.id, completed_lines=[1, 2], failed_lines=[4], input_tokens=30,
                                                  cached_tokens=10, output_tokens=8, output_bytes=200, error_bytes=90))
     with pytest.raises(AlreadyCommitted) as twice:
@@ -191,3 +197,20 @@ def test_one_sqlite_store_per_data_directory(tmp_path: Path) -> None:
     BatchStore.open("", tmp_path).close()
     with pytest.raises(ValueError):
         BatchStore.open("mysql://somewhere", tmp_path)
+
+
+def test_a_store_from_before_dp_ranks_gets_the_column(tmp_path: Path) -> None:
+    """A data directory made by the first Batch API release: its lines table has no dp_rank."""
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / SQLITE_FILE) as old:
+        old.execute("CREATE TABLE batch_lines (batch_id TEXT NOT NULL, line_number BIGINT NOT NULL, custom_id TEXT,"
+                    " byte_offset BIGINT NOT NULL, byte_length BIGINT NOT NULL, state TEXT NOT NULL, error_code TEXT,"
+                    " error_message TEXT, worker TEXT, PRIMARY KEY (batch_id, line_number))")
+        old.execute("INSERT INTO batch_lines VALUES ('b', 1, 'x', 0, 10, 'pending', NULL, NULL, 'http://w')")
+    store = BatchStore.open("", tmp_path)
+    try:
+        assert [(line.worker, line.dp_rank) for line in store.pending_lines("b", slot=Slot("http://w"))] \
+            == [("http://w", None)]
+    finally:
+        store.close()

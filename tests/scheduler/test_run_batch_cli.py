@@ -34,9 +34,10 @@ def test_interrupted_job_resumes_without_duplicates(tmp_path: Path) -> None:
         handle.write("{not json\n")
     output = tmp_path / "out.jsonl"
     first = subprocess.Popen(command(batch, output), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and (not output.exists() or len(custom_ids(output)) < 20):
+    deadline = time.monotonic() + 600
+    while first.poll() is None and time.monotonic() < deadline and (not output.exists() or len(custom_ids(output)) < 20):
         time.sleep(0.2)
+    assert first.poll() is None, f"the job ended before it could be interrupted: {first.communicate()[1][-2000:]}"
     first.send_signal(signal.SIGINT)
     _out, err = first.communicate(timeout=120)
     assert first.returncode == 130, err[-2000:]

@@ -1,0 +1,96 @@
+"""Batch lines as the DP partitioner sees them: prompt token ids and an output-length bound.
+
+Placing a batch's lines on DP ranks (or servers) needs their prompts as the engine will see
+them, so that lines sharing a prefix share a subtree: chat lines go through the model's own chat
+template, completion and embedding lines through its tokenizer. A prompt that cannot be
+tokenised (an unusual content shape, a template error) still gets placed, with its text's tokens
+or none at all: placement only decides where a line runs, never whether it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from sgl_blend.batch_lines import BatchLine
+from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
+from sgl_blend.core.dp_shares import WorkItem, plan_shares
+from sgl_blend.core.output_length import DEFAULT_FALLBACK
+
+logger = logging.getLogger(__name__)
+
+
+class LineTokenizer:
+    """The model's tokenizer (loaded once, on first use) applied to batch line bodies."""
+
+    def __init__(self, model_path: str | Path) -> None:
+        self.model_path = str(model_path)
+        self._tokenizer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    def prompt_ids(self, line: BatchLine) -> list[int]:
+        body = line.body
+        try:
+            if line.url == "/v1/chat/completions":
+                return self._chat_ids(body.get("messages"))
+            return self._text_ids(body.get("prompt") if line.url == "/v1/completions" else body.get("input"))
+        except Exception as error:  # a template or tokenizer error on odd content: place it anyway
+            logger.debug("line %d: tokenising its prompt failed (%s); placing it by its text", line.line_number, error)
+            return self._text_ids(json.dumps(body, ensure_ascii=False, sort_keys=True))
+
+    def _chat_ids(self, messages: Any) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(token) for token in ids]
+
+    def _text_ids(self, prompt: Any) -> list[int]:
+        """A string, a token id list, or (several prompts) the first of a list of either."""
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and all(isinstance(token, int) for token in prompt):
+            return list(prompt)
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        return []
+
+
+def output_bound(body: dict[str, Any]) -> tuple[int, bool]:
+    """A line's output-length bound and whether it is exact (``ignore_eos`` with a bound)."""
+    bound = body.get("max_completion_tokens") or body.get("max_tokens")
+    if isinstance(bound, int) and bound > 0:
+        return bound, bool(body.get("ignore_eos"))
+    return DEFAULT_FALLBACK, False
+
+
+def work_item(key: int, line: BatchLine, tokenizer: LineTokenizer) -> WorkItem:
+    bound, exact = output_bound(line.body)
+    return WorkItem(key, tokenizer.prompt_ids(line), bound, exact)
+
+
+class LinePartitioner:
+    """Splits batch lines into balanced shares of whole prefix subtrees, with BlendServe's
+    planner and DP partitioner, for one model on one kind of device."""
+
+    def __init__(self, model_path: str | Path, hardware: HardwareSpec) -> None:
+        self.tokenizer = LineTokenizer(model_path)
+        self.cost_model = CostModel(ModelSpec.from_hf_dir(model_path), hardware)
+
+    def shares(self, lines: Iterable[BatchLine], k: int) -> list[list[int]]:
+        """Line numbers per share, k shares."""
+        items = [work_item(line.line_number, line, self.tokenizer) for line in lines]
+        return plan_shares(items, k, self.cost_model).shares
+
+
+def shares_by_rank(shares: Sequence[Sequence[int]]) -> dict[int, int]:
+    """line number -> index of the share that holds it."""
+    return {number: rank for rank, share in enumerate(shares) for number in share}
