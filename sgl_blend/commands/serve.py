@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+from sgl_blend.colocation_cli import add_colocation_arguments
+
 NAME = "serve"
 HELP = __doc__.splitlines()[0]
 
@@ -22,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detach", action="store_true",
                         help="return once /health is 200 and leave the server running (prints its pid)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /health")
-    parser.add_argument("--offline-policy", choices=("blendserve", "dfs", "fcfs", "random", "off"),
+    parser.add_argument("--offline-policy", choices=("blendserve", "dfs", "fcfs", "random", "psm", "off"),
                         default="blendserve", help="order of offline work (batch lines) in the scheduler")
     parser.add_argument("--hardware", default=None,
                         help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200) or an `sgl-blend profile` JSON")
@@ -44,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     batch.add_argument("--worker-grace", type=float, default=DEFAULT_WORKER_GRACE_S, metavar="SECONDS",
                        help="how long a batch worker may stay unreachable before its unfinished lines move to the others")
     batch.add_argument("--no-batch-api", action="store_true", help="serve without the Files and Batches routes")
+    add_colocation_arguments(parser)
     parser.set_defaults(accepts_extra_args=True)
 
 
@@ -68,6 +71,7 @@ def batch_api_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from sgl_blend.colocation_cli import colocation_server_settings
     from sgl_blend.launch_args import with_defaults
     from sgl_blend.serve import ServerStartError, serve_forever, start_server
 
@@ -78,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
     batch_api = batch_api_config(args)
     # A batch's usage reports cached prompt tokens only when SGLang reports them per request.
     sglang_args = with_defaults(args.extra_args, (("--enable-cache-report", None),)) if batch_api else args.extra_args
+    try:
+        sglang_args, colocation_env = colocation_server_settings(args, sglang_args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    env.update(colocation_env)
     try:
         server = start_server(args.model, sglang_args, cache_dir=args.cache_dir, log_path=args.log_file,
                               ready_timeout_s=args.ready_timeout, extra_env=env, batch_api=batch_api)

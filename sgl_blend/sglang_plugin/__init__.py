@@ -17,7 +17,6 @@ INTERNAL_STATE_TARGET = (
     "sglang.srt.managers.scheduler_components.internal_state."
     "SchedulerInternalStateController.get_internal_state"
 )
-STATE_KEY = "sgl_blend"
 
 
 def plugin_state() -> dict[str, Any]:
@@ -26,19 +25,24 @@ def plugin_state() -> dict[str, Any]:
     lists the ranks in the order they answered, not by rank."""
     from sglang.srt.runtime_context import get_parallel
 
-    from sgl_blend.sglang_plugin.scheduler_hooks import active_pool
+    from sgl_blend.sglang_plugin.colocation_hooks import active_colocation
+    from sgl_blend.sglang_plugin.scheduler_hooks import active_pool, active_recorder
 
-    pool = active_pool()
+    pool, colocation, recorder = active_pool(), active_colocation(), active_recorder()
     return {
         "version": __version__,
         "pid": os.getpid(),
         "dp_rank": get_parallel().dp_rank,
         "cpu_kernel_stub": cpu_compat.kernel_stub_active(),
         "offline": pool.snapshot() if pool is not None else None,
+        "colocation": colocation.snapshot() if colocation is not None else None,
+        **(recorder.snapshot() if recorder is not None else {}),
     }
 
 
 def _report_state(result: Any, *_args: Any, **_kwargs: Any) -> Any:
+    from sgl_blend.sglang_plugin.scheduler_hooks import STATE_KEY
+
     result.internal_state[STATE_KEY] = plugin_state()
     return result
 

@@ -14,6 +14,7 @@ import time
 from collections import Counter, deque
 from typing import Any, Iterable, Protocol
 
+from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
 from sgl_blend.offline import is_offline
 
@@ -44,8 +45,13 @@ def to_offline_request(req: SchedulerReq) -> OfflineRequest:
 
 
 class OfflinePool:
-    def __init__(self, policy: AdmissionPolicy, policy_name: str, kv_capacity: int) -> None:
+    """``reusers``, when given, counts the unfinished offline prompts per shared prefix for the
+    radix cache's Echo priorities."""
+
+    def __init__(self, policy: AdmissionPolicy, policy_name: str, kv_capacity: int,
+                 reusers: ReuserIndex | None = None) -> None:
         self.policy = policy
+        self.reusers = reusers
         self.policy_name = policy_name
         policy.set_kv_capacity(kv_capacity)
         self._pending: set[str] = set()
@@ -89,9 +95,13 @@ class OfflinePool:
         for rid in self._pending - present:
             self._pending.discard(rid)
             self.policy.withdraw(rid)
+            self._forget_reuser(rid)
             self.counts["withdrawn"] += 1
         if arrivals:
             self.policy.submit(to_offline_request(req) for req in arrivals)
+            if self.reusers is not None:
+                for req in arrivals:
+                    self.reusers.add(req.rid, req.origin_input_ids)
             self._pending.update(req.rid for req in arrivals)
             self.counts["submitted"] += len(arrivals)
 
@@ -123,6 +133,7 @@ class OfflinePool:
             if req.finished():
                 self._running.discard(req.rid)
                 self.policy.finished(req.rid, len(req.output_ids))
+                self._forget_reuser(req.rid)
                 self.counts["finished"] += 1
             else:
                 self.policy.progress(req.rid, len(req.output_ids))
@@ -130,6 +141,10 @@ class OfflinePool:
             self.counts["blended_iterations"] += 1
         if any(side in sides for side in ("compute", "memory", "single")):
             self._records.append({"iteration": self._iteration, **sides})
+
+    def _forget_reuser(self, rid: str) -> None:
+        if self.reusers is not None:
+            self.reusers.remove(rid)
 
     def snapshot(self) -> dict[str, Any]:
         """What the plugin publishes through `/server_info`."""

@@ -1,19 +1,31 @@
-"""A registered radix-cache backend whose nodes carry BlendServe's annotations.
+"""A registered radix-cache backend whose nodes carry sgl-blend's annotations.
 
 ``--radix-cache-backend sgl-blend`` makes SGLang build this subclass of its own Python
 `RadixCache` (the default unified cache keeps its nodes in a Rust core that Python attributes
-cannot reach). When the offline pool admits a request, every node on its cached prefix path gets
-the compute density the policy planned with (``blend_density``, a running mean over the
-requests that used the node) and, as its eviction ``priority``, the number of offline requests
-still pending under that prefix. With ``--radix-eviction-policy priority`` a prefix that queued
-work will reuse is therefore evicted after prefixes nobody is waiting for, LRU among equals.
+cannot reach).
+
+- BlendServe: when the offline pool admits a request, every node on its cached prefix path gets
+  the compute density the policy planned with (``blend_density``, a running mean over the
+  requests that used the node) and, as its eviction ``priority``, the number of offline requests
+  still pending under that prefix; ``--radix-eviction-policy priority`` then evicts prefixes
+  nobody waits for first, LRU among equals.
+- Echo (co-location mode ``echo``): eviction follows Echo's priorities (`core.kv_priority`),
+  computed when SGLang evicts rather than stamped at admission, so ``rc`` is always the current
+  count of unfinished offline requests sharing the node. A node's reuser handle and its path are
+  cached on the node; the path never changes (a split only inserts a parent above it).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from array import array
+from typing import Any, Callable
+
+from sgl_blend.core.kv_priority import RUNNING_ONLINE, ReuserIndex, kv_priority
+from sgl_blend.offline import is_offline
 
 BACKEND_NAME = "sgl-blend"
+
+ReuserSource = Callable[[], "ReuserIndex | None"]
 
 
 def annotate_path(node: Any, density: float, pending_reusers: int) -> int:
@@ -29,12 +41,81 @@ def annotate_path(node: Any, density: float, pending_reusers: int) -> int:
     return annotated
 
 
-def _build(context: Any) -> Any:
+def mark_left_by_online(node: Any) -> None:
+    """Mark the path an online request leaves behind (Echo's "finished online" KV)."""
+    while node is not None and getattr(node, "parent", None) is not None:
+        node.blend_online = True
+        node = node.parent
+
+
+def path_head(node: Any) -> array:
+    """Tokens from the root through the first token of ``node``: a request that shares them
+    reuses at least part of the node."""
+    head = getattr(node, "blend_path_head", None)
+    if head is None:
+        parts = [node.key.token_ids[:1]]
+        ancestor = node.parent
+        while ancestor is not None and ancestor.parent is not None:
+            parts.append(ancestor.key.token_ids[:len(ancestor.key)])
+            ancestor = ancestor.parent
+        head = array("q")
+        for part in reversed(parts):
+            head.extend(part if isinstance(part, array) and part.typecode == "q" else list(part))
+        node.blend_path_head = head
+    return head
+
+
+def pending_reusers(node: Any, index: ReuserIndex) -> int:
+    cached = getattr(node, "blend_reusers", None)
+    if cached is not None:
+        handle, version = cached
+        if handle is not None and index.is_current(handle):
+            return handle.node.count
+        if handle is None and version == index.version:
+            return 0
+    handle = index.locate(path_head(node))
+    node.blend_reusers = (handle, index.version)
+    return handle.node.count if handle is not None else 0
+
+
+def echo_node_priority(node: Any, index: ReuserIndex | None) -> float:
+    if node.lock_ref > 0:
+        return RUNNING_ONLINE
+    return kv_priority(running_online=False, pending_reusers=pending_reusers(node, index) if index is not None else 0,
+                       left_by_online=getattr(node, "blend_online", False))
+
+
+def build_cache(params: Any, reusers: ReuserSource | None) -> Any:
+    """The backend's cache; with ``reusers`` it evicts by Echo's priorities."""
+    from sglang.srt.mem_cache.evict_policy import EvictionStrategy
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
-    cache = RadixCache(context.params)
-    cache.annotate_path = annotate_path
+    class EchoEviction(EvictionStrategy):
+        def get_priority(self, node: Any) -> tuple[float, float]:
+            return echo_node_priority(node, reusers()), node.last_access_time
+
+    class BlendRadixCache(RadixCache):
+        def annotate_path(self, node: Any, density: float, pending: int) -> int:
+            return annotate_path(node, density, pending)
+
+        def on_release(self, req: Any, *, checkpointed: bool) -> None:
+            super().on_release(req, checkpointed=checkpointed)
+            if reusers is not None and checkpointed and not is_offline(req.routing_key):
+                mark_left_by_online(req.last_node)
+
+    cache = BlendRadixCache(params)
+    if reusers is not None:
+        cache.eviction_strategy = EchoEviction()
     return cache
+
+
+def _build(context: Any) -> Any:
+    from sgl_blend.core.colocation import ColocationConfig
+    from sgl_blend.sglang_plugin.scheduler_hooks import active_pool
+
+    if ColocationConfig.from_env().kv_priorities:
+        return build_cache(context.params, lambda: getattr(active_pool(), "reusers", None))
+    return build_cache(context.params, None)
 
 
 def register_backend() -> None:

@@ -1,0 +1,80 @@
+"""Co-location flags shared by `sgl-blend serve` and `sgl-blend tune-slo`, and the config they make.
+
+Precedence: an explicit flag, then the `tune-slo` result file (``--slo-file``: budget and latency
+model), then the defaults. A budget needs a fitted latency model; the error says where to get one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from sgl_blend.core.colocation import MODES, ColocationConfig
+from sgl_blend.core.latency_model import FORMS, load_model
+
+
+def add_colocation_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("co-location (online and offline work on one server)")
+    group.add_argument("--colocation", choices=MODES, default=None,
+                       help="off (default), hygen (latency budget, offline decode skipping) or echo (SLO "
+                            "deadlines, KV priorities, online reserve)")
+    group.add_argument("--latency-budget-ms", type=float, default=None,
+                       help="hygen: per-iteration latency budget once offline work is added")
+    group.add_argument("--latency-model", type=Path, default=None, help="a `sgl-blend profile --latency` JSON")
+    group.add_argument("--latency-form", choices=FORMS, default=None,
+                       help="which fitted form to use (default: the file's best on held-out batches)")
+    group.add_argument("--slo-file", type=Path, default=None,
+                       help="a `sgl-blend tune-slo` result: its budget and latency model")
+    group.add_argument("--ttft-slo-ms", type=float, default=None, help="echo: time-to-first-token deadline")
+    group.add_argument("--tpot-slo-ms", type=float, default=None, help="echo: time-per-output-token deadline")
+    group.add_argument("--psm-utility", type=float, default=None,
+                       help="with --offline-policy psm: probability of taking the prefix-sharing order over "
+                            "the oldest request (HyGen's anti-starvation utility u; default 0.9)")
+
+
+def _seconds(milliseconds: float | None) -> float | None:
+    return None if milliseconds is None else milliseconds / 1000.0
+
+
+def colocation_config(args: argparse.Namespace) -> ColocationConfig:
+    """The config the flags describe; raises ValueError with a message fit for the user."""
+    settings: dict[str, Any] = {}
+    if args.slo_file is not None:
+        try:
+            saved = json.loads(Path(args.slo_file).read_text())
+        except (OSError, ValueError) as error:
+            raise ValueError(f"cannot read --slo-file {args.slo_file}: {error}") from None
+        settings.update({key: saved[key] for key in ("mode", "latency_budget_s", "latency_model") if key in saved})
+    if args.latency_model is not None:
+        try:
+            settings["latency_model"] = load_model(args.latency_model, args.latency_form).to_dict()
+        except (OSError, ValueError) as error:
+            raise ValueError(f"cannot use --latency-model {args.latency_model}: {error}") from None
+    for key, value in (("mode", args.colocation), ("latency_budget_s", _seconds(args.latency_budget_ms)),
+                       ("ttft_slo_s", _seconds(args.ttft_slo_ms)), ("tpot_slo_s", _seconds(args.tpot_slo_ms))):
+        if value is not None:
+            settings[key] = value
+    if settings.get("latency_budget_s") is not None and "mode" not in settings:
+        settings["mode"] = "hygen"
+    try:
+        return ColocationConfig.from_dict(settings)
+    except ValueError as error:
+        hint = " (fit one with `sgl-blend profile --latency`)" if "latency model" in str(error) else ""
+        raise ValueError(f"{error}{hint}") from None
+
+
+def colocation_server_settings(args: argparse.Namespace,
+                               sglang_args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``sglang_args`` plus what the co-location flags in ``args`` add, and the scheduler environment."""
+    from sgl_blend.colocation_launch import colocation_launch
+    from sgl_blend.sglang_plugin.scheduler_hooks import UTILITY_ENV
+
+    config = colocation_config(args)
+    if args.psm_utility is not None and not 0.0 <= args.psm_utility <= 1.0:
+        raise ValueError(f"--psm-utility must be in [0, 1], got {args.psm_utility}")
+    launch_args, env = colocation_launch(config, sglang_args)
+    if args.psm_utility is not None:
+        env[UTILITY_ENV] = str(args.psm_utility)
+    return launch_args, env

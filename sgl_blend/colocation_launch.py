@@ -1,0 +1,41 @@
+"""How a server is started for co-location: SGLang flags and the scheduler's environment.
+
+Co-location needs SGLang's mixed batches (``--enable-mixed-chunk``: offline prefill chunks ride
+along with online decodes, as HyGen's Sarathi-style batches do) and the `sgl-blend` radix-cache
+backend (Echo's priorities, the BlendServe annotations). A flag the user gives wins over these.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Sequence
+
+from sgl_blend.core.colocation import ENV_VAR, ColocationConfig
+from sgl_blend.launch_args import given_flags, with_defaults
+
+COLOCATION_FLAGS: tuple[tuple[str, str | None], ...] = (
+    ("--enable-mixed-chunk", None),
+    ("--radix-cache-backend", "sgl-blend"),
+)
+
+
+def colocation_launch(config: ColocationConfig, sglang_args: Sequence[str] = (),
+                      iteration_log: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """SGLang arguments and scheduler environment for ``config`` (flags added only when enabled)."""
+    from sgl_blend.sglang_plugin.iteration_log import LOG_ENV
+
+    env = {ENV_VAR: config.to_json()}
+    if iteration_log:
+        env[LOG_ENV] = iteration_log
+    args = with_defaults(list(sglang_args), COLOCATION_FLAGS) if config.enabled else list(sglang_args)
+    return args, env
+
+
+def with_free_port(sglang_args: Sequence[str]) -> list[str]:
+    """``sglang_args`` plus ``--port`` on a free port unless one is given: a tool that starts its own
+    server must never find another server on SGLang's default port and talk to that instead."""
+    if "--port" in given_flags(sglang_args):
+        return list(sglang_args)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return [*sglang_args, "--port", str(sock.getsockname()[1])]

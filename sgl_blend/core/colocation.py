@@ -1,0 +1,360 @@
+"""Online/offline co-location, decided once per scheduler iteration (HyGen Alg. 1-2, Echo §4-5).
+
+The engine describes an iteration as an `IterationView` -- what is decoding, which online
+requests wait, how much KV and chunk room there is -- and `ColocationController.begin` answers
+with an `IterationPlan`:
+
+1. Online work goes first and is never cut: every online decode and every waiting online prefill
+   is charged to the iteration's budget before any offline work.
+2. Offline decodes are kept, oldest first, while the predicted batch time stays within the
+   latency budget; the rest are parked for this iteration (HyGen's decode skipping: the engine
+   keeps their KV in the prefix cache and resumes them from it).
+3. The plan's `IterationBudget` then admits offline prefill chunks in the offline policy's order
+   (`offline_chunk`), each the longest that fits the residual time, the chunk room and the
+   offline memory, and only if the decode iteration that follows also stays within the budget.
+
+The budget is HyGen's fixed per-iteration latency budget ``L`` (found by the SLO profiler), or
+Echo's deadline: the tightest ``TTFT + i·TPOT - waited`` over the online requests, or an idle cap
+when none is present. Echo's online reserve (μ + kσ of recent online KV demand) caps how much KV
+offline work may hold, so an online burst finds room without evicting offline KV.
+
+No SGLang import: the SGLang plugin and the simulator build views and apply plans the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from sgl_blend.core.latency_model import BatchShape, LatencyModel, max_prefill, model_from_dict
+
+MODES = ("off", "hygen", "echo")
+ENV_VAR = "SGLBLEND_COLOCATION"
+DEFAULT_MIN_OFFLINE_CHUNK = 16
+DEFAULT_CALIBRATION_ALPHA = 0.05
+CALIBRATION_CLIP = (0.1, 10.0)
+
+
+@dataclass(frozen=True)
+class ColocationConfig:
+    """How a server co-locates online and offline work; travels to the scheduler as JSON.
+
+    ``latency_budget_s`` is HyGen's per-iteration budget (None: no time cap, memory only).
+    ``ttft_slo_s``/``tpot_slo_s`` are Echo's deadlines, and ``idle_budget_s`` its cap on an
+    iteration with no online request. ``latency_model`` is a fitted model's ``to_dict``.
+    ``calibration_alpha`` weighs each measured batch in the running measured/predicted ratio
+    that scales predictions (0 keeps the fitted model as it is).
+    """
+
+    mode: str = "off"
+    latency_budget_s: float | None = None
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    idle_budget_s: float | None = None
+    reserve_sigmas: float = 2.0
+    reserve_window_s: float = 60.0
+    min_offline_chunk: int = DEFAULT_MIN_OFFLINE_CHUNK
+    calibration_alpha: float = DEFAULT_CALIBRATION_ALPHA
+    latency_model: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown co-location mode {self.mode!r}; known: {', '.join(MODES)}")
+        for name in ("latency_budget_s", "ttft_slo_s", "tpot_slo_s", "idle_budget_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value >= 0):
+                raise ValueError(f"{name} must be a non-negative number of seconds or null, got {value!r}")
+        if not (isinstance(self.min_offline_chunk, int) and self.min_offline_chunk >= 1):
+            raise ValueError(f"min_offline_chunk must be a positive token count, got {self.min_offline_chunk!r}")
+        if not (self.reserve_sigmas >= 0 and self.reserve_window_s > 0):
+            raise ValueError("reserve_sigmas must be >= 0 and reserve_window_s > 0")
+        if not 0 <= self.calibration_alpha <= 1:
+            raise ValueError(f"calibration_alpha must be in [0, 1], got {self.calibration_alpha}")
+        if self.mode == "echo" and (self.ttft_slo_s is None or self.tpot_slo_s is None):
+            raise ValueError("echo mode needs ttft_slo_s and tpot_slo_s (its per-token deadlines)")
+        if self.needs_model() and self.latency_model is None:
+            raise ValueError("a latency budget needs a fitted latency model (sgl-blend profile --latency)")
+        if self.latency_model is not None:
+            model_from_dict(self.latency_model)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    @property
+    def kv_priorities(self) -> bool:
+        return self.mode == "echo"
+
+    @property
+    def online_reserve(self) -> bool:
+        return self.mode == "echo"
+
+    def needs_model(self) -> bool:
+        return self.latency_budget_s is not None or self.mode == "echo"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ColocationConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown co-location settings: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ColocationConfig:
+        text = (environ if environ is not None else os.environ).get(ENV_VAR)
+        return cls.from_dict(json.loads(text)) if text else cls()
+
+    def updated(self, changes: dict[str, Any]) -> ColocationConfig:
+        return ColocationConfig.from_dict({**asdict(self), **changes})
+
+
+@dataclass(slots=True)
+class RunningRequest:
+    """A request that decodes this iteration. ``reserved`` is the KV it may still add."""
+
+    rid: str
+    online: bool
+    context: int
+    reserved: int = 0
+    arrival: float = 0.0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingOnline:
+    """An online request waiting for its (first or next) prefill chunk."""
+
+    rid: str
+    prompt_tokens: int
+    max_new_tokens: int
+    arrival: float
+
+
+@dataclass
+class IterationView:
+    now: float
+    running: Sequence[RunningRequest]
+    waiting_online: Sequence[WaitingOnline]
+    kv_capacity: int
+    chunk_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ScaledModel:
+    """A fitted model whose predictions are multiplied by the engine's recent measured/predicted
+    ratio: the fit describes the machine as profiled, the scale follows it as it is now (a
+    shared CPU slows down and speeds up with its neighbours)."""
+
+    model: LatencyModel
+    scale: float
+
+    def predict(self, shape: BatchShape) -> float:
+        return self.scale * self.model.predict(shape)
+
+
+class OnlineDemandWindow:
+    """μ + kσ of online KV demand over a sliding time window (Echo §5.3), with O(1) updates."""
+
+    def __init__(self, window_s: float, sigmas: float) -> None:
+        self.window_s = window_s
+        self.sigmas = sigmas
+        self._samples: deque[tuple[float, float]] = deque()
+        self._sum = 0.0
+        self._sum_sq = 0.0
+
+    def observe(self, now: float, tokens: float) -> None:
+        self._samples.append((now, tokens))
+        self._sum += tokens
+        self._sum_sq += tokens * tokens
+        while self._samples and self._samples[0][0] < now - self.window_s:
+            _, old = self._samples.popleft()
+            self._sum -= old
+            self._sum_sq -= old * old
+
+    def reserve(self) -> int:
+        count = len(self._samples)
+        if not count:
+            return 0
+        mean = self._sum / count
+        variance = max(self._sum_sq / count - mean * mean, 0.0)
+        return int(math.ceil(mean + self.sigmas * math.sqrt(variance)))
+
+
+class IterationBudget:
+    """One iteration's residual time, chunk room and offline memory, spent online first.
+
+    ``batch`` is the predicted forward batch so far; ``decodes`` is the decode-only batch that
+    follows once every admitted prefill has become a decode, so admitting an offline request
+    never creates a decode iteration the budget would have to skip again.
+    """
+
+    def __init__(self, model: LatencyModel | None, latency_s: float | None, chunk_tokens: int | None,
+                 offline_memory: int | None, min_offline_chunk: int = DEFAULT_MIN_OFFLINE_CHUNK) -> None:
+        self.model = model if latency_s is not None else None
+        self.latency_s = latency_s
+        self.chunk_left = chunk_tokens
+        self.offline_memory = offline_memory
+        self.min_offline_chunk = min_offline_chunk
+        self.batch = BatchShape()
+        self.decodes = BatchShape()
+        self.offline_prefill_tokens = 0
+
+    def _charge_chunk(self, tokens: int) -> None:
+        if self.chunk_left is not None:
+            self.chunk_left -= tokens
+
+    def add_online_decode(self, context: int) -> None:
+        if self.model is not None:
+            self.batch = self.batch.with_decode(context)
+            self.decodes = self.decodes.with_decode(context + 1)
+        self._charge_chunk(1)
+
+    def add_online_prefill(self, extend: int, prefix: int = 0) -> None:
+        self.batch = self.batch.with_prefill(extend, prefix)
+        self.decodes = self.decodes.with_decode(prefix + extend)
+        self._charge_chunk(extend)
+
+    def try_offline_decode(self, context: int) -> bool:
+        """Keep an offline decode if the batch still fits; its KV is already held. Without a time
+        budget nothing reads the shapes, so they are not built (a scheduler calls this for every
+        running request, every iteration)."""
+        if self.model is None:
+            self._charge_chunk(1)
+            return True
+        batch = self.batch.with_decode(context)
+        if self.model.predict(batch) > self.latency_s:
+            return False
+        self.batch = batch
+        self.decodes = self.decodes.with_decode(context + 1)
+        self._charge_chunk(1)
+        return True
+
+    def offline_chunk(self, extend: int, prefix: int, max_new_tokens: int, *, must_progress: bool = False) -> int:
+        """The prefill chunk an offline request may run now (0: none). ``must_progress`` is for a
+        chunked prefill already under way, which the engine cannot pause: it gets at least one
+        minimal chunk."""
+        floor = min(extend, self.min_offline_chunk)
+        chunk_room = extend if self.chunk_left is None else self.chunk_left
+        memory_room = extend if self.offline_memory is None else self.offline_memory - max_new_tokens
+        if self.model is None:
+            chunk = max(0, min(extend, chunk_room, memory_room))
+        else:
+            chunk, _ = max_prefill(self.model, self.latency_s, self.batch, extend, prefix, chunk_room, memory_room)
+            if chunk == extend and self.model.predict(self.decodes.with_decode(prefix + extend)) > self.latency_s:
+                chunk = 0
+        if must_progress:
+            return max(chunk, floor)
+        return chunk if chunk >= floor else 0
+
+    def commit_offline_prefill(self, chunk: int, prefix: int, finishes_prompt: bool, max_new_tokens: int) -> None:
+        self.batch = self.batch.with_prefill(chunk, prefix)
+        if finishes_prompt:
+            self.decodes = self.decodes.with_decode(prefix + chunk)
+        self._charge_chunk(chunk)
+        self.offline_prefill_tokens += chunk
+        if self.offline_memory is not None:
+            self.offline_memory -= chunk + (max_new_tokens if finishes_prompt else 0)
+
+    def predicted_s(self) -> float | None:
+        return self.model.predict(self.batch) if self.model is not None else None
+
+    def model_s(self) -> float | None:
+        """The prediction before calibration, which the calibration itself learns from."""
+        model = self.model.model if isinstance(self.model, ScaledModel) else self.model
+        return model.predict(self.batch) if model is not None else None
+
+
+@dataclass
+class IterationPlan:
+    budget: IterationBudget
+    park: list[str] = field(default_factory=list)
+    online_reserve: int = 0
+    calibration: float = 1.0
+
+    def summary(self) -> dict[str, Any]:
+        predicted, raw = self.budget.predicted_s(), self.budget.model_s()
+        return {
+            "latency_budget_s": self.budget.latency_s,
+            "predicted_s": round(predicted, 6) if predicted is not None else None,
+            "model_s": round(raw, 6) if raw is not None else None,
+            "parked": len(self.park),
+            "online_reserve": self.online_reserve,
+            "calibration": round(self.calibration, 4),
+        }
+
+
+def deadline_budget(now: float, running: Sequence[RunningRequest], waiting: Sequence[WaitingOnline],
+                    ttft_s: float, tpot_s: float, idle_budget_s: float | None) -> float | None:
+    """Echo's per-iteration SLO: the tightest ``TTFT + i·TPOT - waited`` over online requests,
+    where ``i`` is the index of the token each will produce next (slack carries forward)."""
+    slacks = [ttft_s - (now - request.arrival) for request in waiting]
+    slacks += [ttft_s + request.output_tokens * tpot_s - (now - request.arrival)
+               for request in running if request.online]
+    if not slacks:
+        return idle_budget_s
+    return max(min(slacks), 0.0)
+
+
+class ColocationController:
+    """The long-lived part: configuration, latency model and the online-demand window."""
+
+    def __init__(self, config: ColocationConfig) -> None:
+        self.config = config
+        self.model = model_from_dict(config.latency_model) if config.latency_model else None
+        self.demand = OnlineDemandWindow(config.reserve_window_s, config.reserve_sigmas)
+        self.calibration = 1.0
+
+    def observe(self, model_s: float | None, measured_s: float | None) -> None:
+        """Fold one batch's measured time into the calibration (EWMA of measured/predicted)."""
+        if not model_s or not measured_s or model_s <= 0 or measured_s <= 0:
+            return
+        ratio = min(max(measured_s / model_s, CALIBRATION_CLIP[0]), CALIBRATION_CLIP[1])
+        alpha = self.config.calibration_alpha
+        self.calibration = (1 - alpha) * self.calibration + alpha * ratio
+
+    def reconfigure(self, changes: dict[str, Any]) -> None:
+        """Apply runtime changes (the SLO profiler moves the budget on a live server)."""
+        config = self.config.updated(changes)
+        self.config = config
+        self.model = model_from_dict(config.latency_model) if config.latency_model else None
+        self.demand.window_s, self.demand.sigmas = config.reserve_window_s, config.reserve_sigmas
+
+    def latency_budget(self, view: IterationView) -> float | None:
+        config = self.config
+        if config.mode == "echo":
+            return deadline_budget(view.now, view.running, view.waiting_online, config.ttft_slo_s,
+                                   config.tpot_slo_s, config.idle_budget_s)
+        return config.latency_budget_s
+
+    def begin(self, view: IterationView) -> IterationPlan:
+        online_kv = sum(r.context + r.reserved for r in view.running if r.online)
+        online_kv += sum(w.prompt_tokens + w.max_new_tokens for w in view.waiting_online)
+        offline_kv = sum(r.context + r.reserved for r in view.running if not r.online)
+        offline_memory, reserve = None, 0
+        if self.config.online_reserve:
+            self.demand.observe(view.now, online_kv)
+            reserve = self.demand.reserve()
+            offline_memory = view.kv_capacity - max(reserve, online_kv) - offline_kv
+        latency_s = self.latency_budget(view)
+        model = ScaledModel(self.model, self.calibration) if self.model is not None else None
+        budget = IterationBudget(model, latency_s, view.chunk_tokens, offline_memory, self.config.min_offline_chunk)
+        for request in view.running:
+            if request.online:
+                budget.add_online_decode(request.context)
+        for request in view.waiting_online:
+            budget.add_online_prefill(request.prompt_tokens)
+        plan = IterationPlan(budget, online_reserve=reserve, calibration=self.calibration)
+        offline = [request for request in view.running if not request.online]
+        for position, request in enumerate(offline):
+            if not budget.try_offline_decode(request.context):
+                plan.park = [parked.rid for parked in offline[position:]]
+                break
+        return plan

@@ -1,0 +1,125 @@
+"""The scheduler's per-iteration record: what each forward batch held and how long it took.
+
+One record per batch SGLang runs, keyed by its ``forward_iter``: the batch's `BatchShape` (what
+the latency models read), how many online and offline requests it prefilled and decoded, the
+forward time (``forward_s``, `run_batch`) and the launch-to-launch period of the scheduler loop
+(``period_s``: the previous batch's forward plus the scheduling and result processing around
+it; SGLang overlaps result processing with the next forward, so a batch's own end-to-end time
+is not a quantity the loop has). Online requests are also followed from
+arrival -- the iteration count when SGLang queued them -- to the first batch that ran them, so
+"admitted in the next iteration" is checked in iterations, not seconds.
+
+The last records are published in ``/server_info``; with ``SGLBLEND_ITERATION_LOG`` set, every
+record is also appended to that JSONL file (what `sgl-blend profile --latency` fits on).
+On a CPU the forward is synchronous; on a GPU the timer synchronises the device first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from typing import Any, TextIO
+
+from sgl_blend.core.latency_model import BatchShape
+from sgl_blend.offline import is_offline
+
+LOG_ENV = "SGLBLEND_ITERATION_LOG"
+KEPT_RECORDS = 256
+MAX_TRACKED_ARRIVALS = 4096
+
+
+def batch_composition(batch: Any) -> tuple[BatchShape, dict[str, int]]:
+    """The shape of a SGLang `ScheduleBatch` and its online/offline prefill/decode counts."""
+    counts = {"online_prefill": 0, "online_decode": 0, "offline_prefill": 0, "offline_decode": 0}
+    shape = BatchShape()
+    reqs = batch.reqs
+    if batch.forward_mode.is_decode():
+        seq_lens = batch.seq_lens_cpu.tolist() if batch.seq_lens_cpu is not None else \
+            [len(req.origin_input_ids) + len(req.output_ids) for req in reqs]
+        for req, context in zip(reqs, seq_lens):
+            shape = shape.with_decode(int(context))
+            counts[_kind(req) + "_decode"] += 1
+        return shape, counts
+    decoding = {id(req) for req in (batch.decoding_reqs or ())} if batch.forward_mode.is_mixed() else set()
+    for req, extend, prefix in zip(reqs, batch.extend_lens, batch.prefix_lens):
+        if id(req) in decoding:
+            shape = shape.with_decode(int(prefix) + 1)
+            counts[_kind(req) + "_decode"] += 1
+        else:
+            shape = shape.with_prefill(int(extend), int(prefix))
+            counts[_kind(req) + "_prefill"] += 1
+    return shape, counts
+
+
+def _synchronize_device() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _kind(req: Any) -> str:
+    return "offline" if is_offline(req.routing_key) else "online"
+
+
+class IterationRecorder:
+    def __init__(self, log_path: str | None = None) -> None:
+        self.records: deque[dict[str, Any]] = deque(maxlen=KEPT_RECORDS)
+        self.admissions: deque[dict[str, Any]] = deque(maxlen=KEPT_RECORDS)
+        self._arrived: dict[str, int] = {}
+        self._open: dict[str, Any] | None = None
+        self._last_launch: float | None = None
+        self._log: TextIO | None = open(log_path, "a") if log_path else None
+        self.plan_summary: dict[str, Any] = {}
+
+    @classmethod
+    def from_env(cls) -> IterationRecorder:
+        return cls(os.environ.get(LOG_ENV) or None)
+
+    def arrived(self, rid: str, iterations_so_far: int) -> None:
+        """An online request entered the waiting queue after ``iterations_so_far`` batches.
+        Requests aborted before they ran are dropped oldest first past a bound."""
+        self._arrived.setdefault(rid, iterations_so_far)
+        if len(self._arrived) > MAX_TRACKED_ARRIVALS:
+            del self._arrived[next(iter(self._arrived))]
+
+    def begin(self, batch: Any, iteration: int) -> None:
+        """Before the forward; ``iteration`` is the number SGLang is about to give the batch."""
+        shape, counts = batch_composition(batch)
+        record: dict[str, Any] = {"iteration": iteration, "mode": batch.forward_mode.name.lower(),
+                                  **shape.to_dict(), **counts, **self.plan_summary}
+        admitted = []
+        decoding = {id(req) for req in (batch.decoding_reqs or ())}
+        for req in batch.reqs:
+            if id(req) in decoding or is_offline(req.routing_key):
+                continue
+            arrival = self._arrived.pop(req.rid, None)
+            if arrival is not None:
+                admitted.append({"rid": req.rid, "arrived_after": arrival, "scheduled_in": record["iteration"]})
+        if admitted:
+            record["online_admitted"] = len(admitted)
+            self.admissions.extend(admitted)
+        now = time.perf_counter()
+        if self._last_launch is not None:
+            record["period_s"] = round(now - self._last_launch, 6)
+        self._last_launch = now
+        self._open = record
+
+    def forward_done(self) -> dict[str, Any] | None:
+        """Close the batch's record; returns it."""
+        record, self._open = self._open, None
+        if record is None:
+            return None
+        _synchronize_device()
+        record["forward_s"] = round(time.perf_counter() - self._last_launch, 6)
+        record["wall"] = round(time.time(), 3)
+        self.records.append(record)
+        if self._log is not None:
+            self._log.write(json.dumps(record) + "\n")
+            self._log.flush()
+        return record
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"iterations": list(self.records), "online_admissions": list(self.admissions)}

@@ -1,0 +1,382 @@
+"""Online arrivals and an offline pool on one simulated engine, planned by the core co-location code.
+
+Every iteration the engine describes itself as the SGLang plugin does -- an `IterationView` of
+what decodes and which online requests wait -- and applies the `ColocationController`'s plan with
+the same budget calls the plugin makes (`offline_chunk`, `commit_offline_prefill`): online
+decodes and online prefill chunks first, offline decodes the plan parks skip the iteration,
+offline prefill chunks in the offline policy's order fill what the budget, the chunk room and the
+KV leave. The iteration then takes what `NoisyClock` measures for the batch that really ran, and
+the controller's calibration learns from that measurement, as it does from SGLang's forward times.
+
+Configurations are the same loop with different settings, so they differ only where they say:
+
+- ``offline`` empty: online-only serving, the SLO reference;
+- no latency budget: online first and offline fills every iteration (SGLang's priority scheduling
+  with mixed chunks; give it SGLang's own offline order, ``lpm``);
+- ``offline_rate``: offline requests are released to the pool at that rate (HyGen's HyGen*);
+- a latency budget (HyGen) or Echo's deadlines: the co-location planner.
+
+Memory: shared prompt segments live in the radix cache (`RadixKVCache`); a parked offline decode
+keeps its KV in place (the plugin checkpoints it into the radix cache, which the sim does not
+evict from); when KV runs out, offline requests are retracted newest first and recompute their
+prompt and output when they return -- online work never waits for offline memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from sgl_blend.core.colocation import (
+    ColocationController, IterationBudget, IterationView, RunningRequest, WaitingOnline,
+)
+from sgl_blend.core.cost_model import CLIP_MAX_NEW_TOKENS, MIN_NEW_TOKEN_RATIO
+from sgl_blend.core.latency_model import BatchShape
+from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
+from sgl_blend.online_replay import RequestTiming
+from sgl_blend.sim.kv_cache import RadixKVCache
+from sgl_blend.sim.step_time import NoisyClock
+from sgl_blend.sim.workload import SimRequest
+
+PROGRESS_INTERVAL = 32
+
+
+@dataclass(frozen=True)
+class OnlineArrival:
+    at: float
+    request: SimRequest
+
+
+@dataclass(frozen=True)
+class ColocatedConfig:
+    """``chunk_tokens`` is the per-iteration token budget (Sarathi's chunk, SGLang's
+    ``--chunked-prefill-size``); ``offline_rate`` None puts the whole pool in at time 0.
+    ``mixed`` False is SGLang without ``--enable-mixed-chunk``: an iteration that prefills
+    anything decodes nothing, and prefill goes first whenever a prompt fits."""
+
+    kv_capacity: int
+    chunk_tokens: int = 512
+    max_running: int = 256
+    offline_rate: float | None = None
+    mixed: bool = True
+    proposal_size: int = 8
+
+
+@dataclass
+class ColocatedResult:
+    """Online timings (one per arrival, in arrival order), offline tokens as ``(time, tokens)``
+    events, and what the planner did."""
+
+    horizon_s: float
+    seconds: float
+    online: list[RequestTiming]
+    offline_events: list[tuple[float, int]]
+    iterations: int
+    peak_kv: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def offline_tokens_per_s(self) -> float:
+        """Offline prompt tokens (once, when a request's prompt is done) and output tokens
+        produced before the online trace ends, per second of it; recomputation does not count."""
+        tokens = sum(count for at, count in self.offline_events if at <= self.horizon_s)
+        return tokens / self.horizon_s if self.horizon_s else 0.0
+
+
+class _Active:
+    """A request the engine has seen: its KV (``private`` tokens beyond shared segments), prefill
+    progress and output so far. A retracted offline request keeps its output and its record."""
+
+    __slots__ = ("request", "rid", "prompt_len", "online", "arrival", "prefill_left", "generated", "private", "timing",
+                 "last_token", "prompt_counted")
+
+    def __init__(self, request: SimRequest, online: bool, arrival: float, timing: RequestTiming | None) -> None:
+        self.request = request
+        self.rid = request.rid
+        self.prompt_len = request.prompt_len
+        self.online = online
+        self.arrival = arrival
+        self.prefill_left = 0
+        self.generated = 0
+        self.private = 0
+        self.timing = timing
+        self.last_token = arrival
+        self.prompt_counted = False
+
+    @property
+    def context(self) -> int:
+        return self.prompt_len + self.generated - self.prefill_left
+
+    def reserve(self) -> int:
+        return min(self.request.max_new_tokens - self.generated, CLIP_MAX_NEW_TOKENS)
+
+    def held_reserve(self) -> float:
+        """The decode room SGLang's admission holds back for this request."""
+        return self.reserve() * (1.0 if self.request.exact else MIN_NEW_TOKEN_RATIO)
+
+
+class ColocatedEngine:
+    def __init__(self, clock: NoisyClock, controller: ColocationController, policy: AdmissionPolicy | None,
+                 config: ColocatedConfig) -> None:
+        self.clock = clock
+        self.controller = controller
+        self.policy = policy
+        self.config = config
+
+    def run(self, online: Sequence[OnlineArrival], offline: Sequence[SimRequest], horizon_s: float) -> ColocatedResult:
+        """Serve until every online request is done and ``horizon_s`` has passed."""
+        if offline and self.policy is None:
+            raise ValueError("offline requests need an offline policy to order them")
+        return _ColocatedRun(self, online, offline, horizon_s).execute()
+
+
+class _ColocatedRun:
+    def __init__(self, engine: ColocatedEngine, online: Sequence[OnlineArrival], offline: Sequence[SimRequest],
+                 horizon_s: float) -> None:
+        self.engine = engine
+        self.cfg = engine.config
+        self.controller = engine.controller
+        self.policy = engine.policy
+        self.arrivals = sorted(online, key=lambda arrival: arrival.at)
+        self.timings = [RequestTiming(arrival.at) for arrival in self.arrivals]
+        self.offline_order = list(offline)
+        self.offline: dict[str, _Active] = {r.rid: _Active(r, False, 0.0, None) for r in offline}
+        self.released = 0
+        self.horizon_s = horizon_s
+        self.cache = RadixKVCache()
+        self.private_used = 0
+        self.now = 0.0
+        self.next_arrival = 0
+        self.waiting_online: list[_Active] = []
+        self.running: list[_Active] = []
+        self.online_left = len(self.arrivals)
+        self.events: list[tuple[float, int]] = []
+        self.iterations = 0
+        self.peak_kv = 0
+        self.counts = {"parked": 0, "retracted": 0, "offline_finished": 0}
+
+    def execute(self) -> ColocatedResult:
+        if self.policy is not None:
+            self.policy.set_kv_capacity(self.cfg.kv_capacity)
+        while self.online_left or self.now < self.horizon_s:
+            self._take_arrivals()
+            self._release_offline()
+            if not self._step():
+                self._idle_until_next_event()
+        return ColocatedResult(self.horizon_s, self.now, self.timings, self.events, self.iterations, self.peak_kv,
+                               self.counts)
+
+    # -- arrivals ----------------------------------------------------------------------------
+
+    def _release_offline(self) -> None:
+        if self.policy is None:
+            return
+        rate = self.cfg.offline_rate
+        due = len(self.offline_order) if rate is None else min(len(self.offline_order), int(self.now * rate) + 1)
+        if due > self.released:
+            self.policy.submit(OfflineRequest(r.rid, r.prompt_ids(), r.max_new_tokens, r.exact)
+                               for r in self.offline_order[self.released:due])
+            self.released = due
+
+    def _take_arrivals(self) -> None:
+        while self.next_arrival < len(self.arrivals) and self.arrivals[self.next_arrival].at <= self.now:
+            arrival = self.arrivals[self.next_arrival]
+            self.waiting_online.append(_Active(arrival.request, True, arrival.at, self.timings[self.next_arrival]))
+            self.next_arrival += 1
+
+    def _idle_until_next_event(self) -> None:
+        upcoming = [self.horizon_s]
+        if self.next_arrival < len(self.arrivals):
+            upcoming.append(self.arrivals[self.next_arrival].at)
+        rate = self.cfg.offline_rate
+        if rate is not None and self.released < len(self.offline_order):
+            upcoming.append(self.released / rate)
+        later = [at for at in upcoming if at > self.now]
+        if not later:
+            raise RuntimeError("the engine is idle with online requests left: one cannot fit in KV")
+        self.now = min(later)
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def _free(self) -> int:
+        return self.cfg.kv_capacity - self.cache.used - self.private_used
+
+    def _make_room(self, tokens: int, keep: _Active | None = None) -> bool:
+        """Free ``tokens`` of KV: cached segments nobody uses first, then offline requests, the
+        newest first (online work never waits for offline memory)."""
+        short = tokens - self._free()
+        if short > 0:
+            self.cache.evict(short)
+        while self._free() < tokens:
+            victims = [a for a in self.running if not a.online and a is not keep]
+            if not victims:
+                return False
+            self._retract(victims[-1])
+            self.cache.evict(tokens - self._free())
+        return True
+
+    def _retract(self, active: _Active) -> None:
+        self._release(active)
+        active.prefill_left = 0
+        self.counts["retracted"] += 1
+        self.policy.preempted(active.rid)
+
+    def _release(self, active: _Active) -> None:
+        self.cache.release(active.request.prefix)
+        self.private_used -= active.private
+        active.private = 0
+        self.running.remove(active)
+
+    def _start(self, active: _Active) -> int:
+        """Allocate ``active``'s KV and put it in the running set; returns the tokens to prefill
+        (0: it does not fit even after reclaiming offline KV, and nothing changed)."""
+        request = active.request
+        private = request.unique_len + active.generated
+        if not self._make_room(self.cache.missing_tokens(request.prefix) + private):
+            return 0
+        hit = self.cache.acquire(request.prefix)
+        active.private = private
+        self.private_used += private
+        active.prefill_left = max(1, request.prompt_len + active.generated - hit)
+        self.running.append(active)
+        return active.prefill_left
+
+    # -- one iteration -----------------------------------------------------------------------
+
+    def _view(self, decoding: list[_Active]) -> IterationView:
+        running = [RunningRequest(a.rid, a.online, a.context, a.reserve(), a.arrival, a.generated) for a in decoding]
+        waiting = [WaitingOnline(a.rid, a.prefill_left, a.reserve(), a.arrival)
+                   for a in self.running if a.online and a.prefill_left]
+        waiting += [WaitingOnline(a.rid, a.prompt_len - self.cache.cached_prefix(a.request.prefix),
+                                  a.reserve(), a.arrival) for a in self.waiting_online]
+        return IterationView(self.now, running, waiting, self.cfg.kv_capacity, self.cfg.chunk_tokens)
+
+    def _step(self) -> bool:
+        if not self._make_room(len(self.running)):
+            raise RuntimeError("KV capacity cannot hold the online requests' next tokens")
+        decoding = [a for a in self.running if not a.prefill_left]
+        plan = self.controller.begin(self._view(decoding))
+        parked = set(plan.park)
+        self.counts["parked"] += len(parked)
+        decoding = [a for a in decoding if a.rid not in parked]
+        chunks: list[tuple[_Active, int]] = []
+        room = self._online_prefill(self.cfg.chunk_tokens - (len(decoding) if self.cfg.mixed else 0), chunks)
+        if self.policy is not None:
+            self._offline_prefill(plan.budget, room, chunks)
+        if chunks and not self.cfg.mixed:
+            decoding = []
+        shape = BatchShape()
+        for active in decoding:
+            shape = shape.with_decode(active.context)
+        for active, chunk in chunks:
+            shape = shape.with_prefill(chunk, active.context)
+        if shape.is_empty():
+            return False
+        seconds = self.engine.clock.measure(shape)
+        if self.controller.model is not None:
+            self.controller.observe(self.controller.model.predict(shape), seconds)
+        self.now += seconds
+        self.iterations += 1
+        offline_tokens = 0
+        for active in decoding:
+            offline_tokens += self._emit_token(active)
+        for active, chunk in chunks:
+            active.prefill_left -= chunk
+            if not active.prefill_left:
+                offline_tokens += self._emit_token(active)
+        if offline_tokens:
+            self.events.append((self.now, offline_tokens))
+        self.peak_kv = max(self.peak_kv, self.cache.used + self.private_used)
+        if self.policy is not None:
+            self.policy.advance(1)
+        return True
+
+    def _online_prefill(self, room: int, chunks: list[tuple[_Active, int]]) -> int:
+        """Online prompts first, in arrival order: those under way, then new ones while they fit."""
+        for active in [a for a in self.running if a.online and a.prefill_left]:
+            if room <= 0:
+                return room
+            chunk = min(active.prefill_left, room)
+            chunks.append((active, chunk))
+            room -= chunk
+        while self.waiting_online and room > 0 and len(self.running) < self.cfg.max_running:
+            active = self.waiting_online[0]
+            if not self._start(active):
+                break
+            self.waiting_online.pop(0)
+            chunk = min(active.prefill_left, room)
+            chunks.append((active, chunk))
+            room -= chunk
+        return room
+
+    def _offline_prefill(self, budget: IterationBudget, room: int, chunks: list[tuple[_Active, int]]) -> None:
+        """Offline prompts under way, then new ones in the policy's order, each chunk what the
+        plan's budget allows (`IterationBudget.offline_chunk`, as the plugin asks it)."""
+        for active in [a for a in self.running if not a.online and a.prefill_left]:
+            room = self._offline_chunk(budget, active, room, chunks)
+            if room <= 0:
+                return
+        if room <= 0 or len(self.running) >= self.cfg.max_running:
+            return
+        held = sum(a.held_reserve() for a in self.running)
+        while room > 0 and len(self.running) < self.cfg.max_running:
+            free = self._free() + self.cache.evictable - held
+            proposal = self.policy.propose(max(int(free), 0), min(self.cfg.proposal_size,
+                                                                  self.cfg.max_running - len(self.running)))
+            taken = []
+            for offered in proposal:
+                active = self.offline[offered.rid]
+                extend = active.prompt_len - self.cache.cached_prefix(active.request.prefix) + active.generated
+                if room <= 0 or extend + active.reserve() > free or not budget.offline_chunk(
+                        extend, active.prompt_len + active.generated - extend, active.reserve()):
+                    break
+                if not self._start(active):
+                    break
+                taken.append(offered.rid)
+                free -= extend + active.reserve()
+                held += active.held_reserve()
+                room = self._offline_chunk(budget, active, room, chunks)
+            self.policy.admitted(taken)
+            if len(taken) < len(proposal) or not taken:
+                return
+
+    def _offline_chunk(self, budget: IterationBudget, active: _Active, room: int, chunks: list[tuple[_Active, int]]) -> int:
+        prefix = active.context
+        chunk = min(budget.offline_chunk(active.prefill_left, prefix, active.reserve()), room)
+        if chunk <= 0:
+            return room
+        budget.commit_offline_prefill(chunk, prefix, chunk == active.prefill_left, active.reserve())
+        chunks.append((active, chunk))
+        return room - chunk
+
+    def _emit_token(self, active: _Active) -> int:
+        """One output token for ``active``; returns the offline tokens it adds to throughput."""
+        active.generated += 1
+        active.private += 1
+        self.private_used += 1
+        counted = 0
+        if active.online:
+            timing = active.timing
+            if timing.ttft is None:
+                timing.ttft = self.now - active.arrival
+            else:
+                timing.gaps.append(self.now - active.last_token)
+            timing.tokens += 1
+        else:
+            counted = 1
+            if not active.prompt_counted:
+                active.prompt_counted = True
+                counted += active.prompt_len
+        active.last_token = self.now
+        if active.generated >= active.request.output_len:
+            self._finish(active)
+        elif not active.online and active.generated % PROGRESS_INTERVAL == 0:
+            self.policy.progress(active.rid, active.generated)
+        return counted
+
+    def _finish(self, active: _Active) -> None:
+        self._release(active)
+        if active.online:
+            self.online_left -= 1
+        else:
+            self.counts["offline_finished"] += 1
+            self.policy.finished(active.rid, active.generated)

@@ -1,0 +1,88 @@
+"""What one forward batch of a given composition really takes on the modelled device.
+
+Co-location is about latency, so unlike the throughput engine (`engine`) an iteration here pays
+for reading the weights once: a batch of a few decodes is bound by that read, and prefill tokens
+or more decodes ride along almost free until the compute catches up. That slack is what HyGen and
+Echo fill with offline work. Compute is ``2 P`` FLOPs per token plus ``8 H L`` per attended
+query-key pair of a prefill chunk on its cached prefix; memory is the weights plus every decode's
+KV context; the two combine through the simulator's overlap function. A seeded log-normal jitter
+stands for the run-to-run noise a real engine shows, so a latency model fitted on profiled
+batches (`profile`) has a realistic error rather than none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import numpy as np
+
+from sgl_blend.core.cost_model import CostModel
+from sgl_blend.core.latency_model import BatchShape, FitReport, fit_forms
+from sgl_blend.sim.overlap import OverlapFunction
+
+DEFAULT_JITTER = 0.02
+
+
+@dataclass(frozen=True)
+class StepTime:
+    token_comp: float
+    pair_comp: float
+    kv_read: float
+    weight_read: float
+    overlap: OverlapFunction
+
+    @classmethod
+    def of(cls, cost: CostModel, overlap: OverlapFunction) -> StepTime:
+        model, hardware = cost.model, cost.hardware
+        return cls(2.0 * model.params / hardware.flops, 8.0 * model.hidden * model.layers / hardware.flops,
+                   model.kv_bytes_per_token / hardware.bandwidth,
+                   model.params * model.dtype_bytes / hardware.bandwidth, overlap)
+
+    def seconds(self, shape: BatchShape) -> float:
+        """Noise-free time of ``shape``; 0 for an empty batch."""
+        if shape.is_empty():
+            return 0.0
+        comp = (shape.prefill_tokens + shape.decode_reqs) * self.token_comp + shape.prefill_attention * self.pair_comp
+        mem = self.weight_read + shape.decode_context * self.kv_read
+        return self.overlap(comp, mem)
+
+
+class NoisyClock:
+    """`StepTime` with seeded multiplicative jitter: the engine's measured iteration times."""
+
+    def __init__(self, step: StepTime, jitter: float = DEFAULT_JITTER, seed: int = 0) -> None:
+        self.step = step
+        self.jitter = jitter
+        self._rng = np.random.default_rng(seed)
+
+    def measure(self, shape: BatchShape) -> float:
+        base = self.step.seconds(shape)
+        return base * float(self._rng.lognormal(0.0, self.jitter)) if self.jitter > 0 else base
+
+
+def profile_shapes(count: int, seed: int = 0, max_prefill: int = 2048, max_decodes: int = 256,
+                   max_context: int = 8192) -> list[BatchShape]:
+    """Random batch compositions spanning what a co-located engine runs: decode-only batches,
+    prefill-only ones and mixtures, as `sgl-blend profile --latency` sweeps the real engine."""
+    rng = np.random.default_rng(seed)
+    shapes = []
+    for _ in range(count):
+        shape = BatchShape()
+        kind = rng.integers(3)
+        if kind != 1:
+            for _ in range(int(rng.integers(1, 4))):
+                shape = shape.with_prefill(int(rng.integers(1, max_prefill // 2 + 1)),
+                                           int(rng.integers(0, max_context // 4)))
+        if kind != 0:
+            decodes = int(rng.integers(1, max_decodes + 1))
+            contexts = rng.integers(16, max_context, decodes)
+            shape = BatchShape(shape.prefill_tokens, shape.prefill_reqs, shape.prefill_attention, decodes,
+                               int(contexts.sum()), int(contexts.max()))
+        shapes.append(shape)
+    return shapes
+
+
+def fit_latency(clock: NoisyClock, count: int = 400, seed: int = 0) -> FitReport:
+    """Profile ``count`` random batches on ``clock`` and fit every latency-model form, the way
+    `sgl-blend profile --latency` does on the real engine (held-out MAPE included)."""
+    shapes = profile_shapes(count, seed)
+    return fit_forms(shapes, [clock.measure(shape) for shape in shapes], seed=seed)

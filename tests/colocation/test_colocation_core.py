@@ -1,0 +1,142 @@
+"""The per-iteration co-location decision, on plain views (no engine): online first, offline
+decodes parked beyond the budget, offline prefill chunks within what is left, Echo's deadline
+budget and online reserve, and HyGen's utility order against starvation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sgl_blend.core.colocation import (
+    ColocationConfig, ColocationController, IterationView, OnlineDemandWindow, RunningRequest, WaitingOnline,
+    deadline_budget,
+)
+from sgl_blend.core.latency_model import LinearLatencyModel
+from sgl_blend.core.psm_policy import utility_order
+
+# 1 ms per iteration, 10 µs per prefill token, 1 µs per decode context token.
+MODEL = LinearLatencyModel("hygen", (1e-3, 1e-5, 1e-6, 0.0, 0.0, 0.0, 0.0))
+
+
+def controller(**settings) -> ColocationController:
+    settings.setdefault("mode", "hygen")
+    return ColocationController(ColocationConfig(latency_model=MODEL.to_dict(), **settings))
+
+
+def offline(rid: str, context: int) -> RunningRequest:
+    return RunningRequest(rid, online=False, context=context, reserved=10)
+
+
+def test_offline_decodes_beyond_the_budget_are_parked_newest_last() -> None:
+    plan = controller(latency_budget_s=0.0045).begin(IterationView(
+        now=0.0, running=[RunningRequest("on", True, 1000), offline("a", 1000), offline("b", 1000),
+                          offline("c", 1000)], waiting_online=[], kv_capacity=100_000))
+    # 1 ms + 1 ms online + 1 ms per offline decode: two offline decodes fit in 4.5 ms.
+    assert plan.park == ["c"]
+    assert plan.budget.predicted_s() == pytest.approx(0.004)
+
+
+def test_online_work_is_charged_even_beyond_the_budget_and_offline_gets_nothing() -> None:
+    plan = controller(latency_budget_s=0.002).begin(IterationView(
+        now=0.0, running=[RunningRequest("on", True, 500), offline("a", 100)],
+        waiting_online=[WaitingOnline("new", 400, 16, 0.0)], kv_capacity=100_000))
+    assert plan.park == ["a"]
+    assert plan.budget.predicted_s() == pytest.approx(1e-3 + 500e-6 + 400e-5)
+    assert plan.budget.offline_chunk(extend=100, prefix=0, max_new_tokens=8) == 0
+
+
+def test_offline_chunk_fills_the_residual_budget_and_respects_the_decode_iteration() -> None:
+    budget = controller(latency_budget_s=0.003, min_offline_chunk=8).begin(
+        IterationView(now=0.0, running=[], waiting_online=[], kv_capacity=100_000, chunk_tokens=4096)).budget
+    chunk = budget.offline_chunk(extend=1000, prefix=0, max_new_tokens=8)
+    assert chunk == 200  # (3 ms - 1 ms) / 10 µs per token
+    budget.commit_offline_prefill(chunk, 0, finishes_prompt=False, max_new_tokens=8)
+    assert budget.offline_chunk(extend=800, prefix=200, max_new_tokens=8) == 0
+    assert budget.offline_chunk(extend=800, prefix=200, max_new_tokens=8, must_progress=True) == 8
+    # A whole prompt whose decode iteration alone would exceed the budget is not admitted.
+    tight = controller(latency_budget_s=0.0015).begin(
+        IterationView(now=0.0, running=[], waiting_online=[], kv_capacity=100_000)).budget
+    assert tight.offline_chunk(extend=10, prefix=600, max_new_tokens=8) == 0
+
+
+def test_no_budget_means_memory_and_chunk_room_only() -> None:
+    budget = ColocationController(ColocationConfig(mode="hygen")).begin(
+        IterationView(now=0.0, running=[offline("a", 10_000)], waiting_online=[], kv_capacity=10, chunk_tokens=64)).budget
+    assert budget.offline_chunk(extend=1000, prefix=0, max_new_tokens=8) == 63
+
+
+def test_echo_budget_is_the_tightest_deadline_with_slack_carried_forward() -> None:
+    running = [RunningRequest("a", True, 100, arrival=0.0, output_tokens=10)]
+    waiting = [WaitingOnline("b", 50, 8, arrival=0.8)]
+    # a: 1.0 + 10 * 0.05 - 1.2 = 0.3; b: 1.0 - 0.4 = 0.6
+    assert deadline_budget(1.2, running, waiting, ttft_s=1.0, tpot_s=0.05, idle_budget_s=0.1) == pytest.approx(0.3)
+    assert deadline_budget(9.0, running, [], 1.0, 0.05, 0.1) == 0.0
+    assert deadline_budget(1.2, [offline("x", 10)], [], 1.0, 0.05, idle_budget_s=0.1) == 0.1
+
+
+def test_echo_online_reserve_caps_offline_memory() -> None:
+    echo = controller(mode="echo", ttft_slo_s=1.0, tpot_slo_s=0.1, reserve_sigmas=2.0)
+    for now, demand in enumerate((100, 300, 100, 300)):
+        echo.demand.observe(float(now), demand)
+    assert echo.demand.reserve() == 400  # mean 200 + 2 * std 100
+    plan = echo.begin(IterationView(now=4.0, running=[RunningRequest("on", True, 150, reserved=50),
+                                                      offline("off", 90)], waiting_online=[], kv_capacity=1000))
+    # reserve over 5 samples (100, 300, 100, 300, 200) = 200 + 2 * 89.4 -> 379; offline holds 100
+    assert plan.online_reserve == 379
+    assert plan.budget.offline_memory == 1000 - 379 - 100
+
+
+def test_demand_window_forgets_old_samples() -> None:
+    window = OnlineDemandWindow(window_s=10.0, sigmas=2.0)
+    window.observe(0.0, 10_000)
+    window.observe(20.0, 100)
+    assert window.reserve() == 100
+
+
+def test_config_validation_and_runtime_change() -> None:
+    with pytest.raises(ValueError, match="needs a fitted latency model"):
+        ColocationConfig(mode="hygen", latency_budget_s=0.01)
+    with pytest.raises(ValueError, match="echo mode needs"):
+        ColocationConfig(mode="echo", latency_model=MODEL.to_dict())
+    with pytest.raises(ValueError, match="unknown co-location mode"):
+        ColocationConfig(mode="bros2")
+    with pytest.raises(ValueError, match="unknown co-location settings"):
+        ColocationConfig.from_dict({"mode": "hygen", "budget": 1})
+    live = controller(latency_budget_s=0.01)
+    live.reconfigure({"latency_budget_s": 0.02})
+    assert live.config.latency_budget_s == 0.02
+    assert ColocationConfig.from_env({"SGLBLEND_COLOCATION": live.config.to_json()}) == live.config
+
+
+def test_utility_order_interpolates_between_dfs_and_fcfs() -> None:
+    dfs, fifo = [3, 1, 4, 0, 2], [0, 1, 2, 3, 4]
+    assert utility_order(dfs, fifo, 1.0, random.Random(0)) == dfs
+    assert utility_order(dfs, fifo, 0.0, random.Random(0)) == fifo
+    mixed = utility_order(dfs, fifo, 0.5, random.Random(0))
+    assert sorted(mixed) == fifo
+
+
+def test_utility_order_bounds_how_long_the_oldest_request_waits() -> None:
+    """Request 0 shares nothing and sits last in DFS order; with u = 0.8 it is still picked early."""
+    dfs = list(range(1, 200)) + [0]
+    fifo = list(range(200))
+    positions = [utility_order(dfs, fifo, 0.8, random.Random(seed)).index(0) for seed in range(50)]
+    assert max(positions) < 40
+    assert utility_order(dfs, fifo, 1.0, random.Random(0)).index(0) == 199
+
+
+def test_calibration_scales_predictions_toward_what_batches_really_took() -> None:
+    live = controller(latency_budget_s=0.004, calibration_alpha=0.5)
+    view = IterationView(now=0.0, running=[RunningRequest("on", True, 1000), offline("a", 1000)],
+                         waiting_online=[], kv_capacity=100_000)
+    assert live.begin(view).park == []  # 1 ms + 1 ms + 1 ms predicted
+    for _ in range(20):
+        live.observe(model_s=0.002, measured_s=0.006)  # the machine runs three times slower
+    assert live.calibration == pytest.approx(3.0, rel=1e-3)
+    plan = live.begin(view)
+    assert plan.budget.predicted_s() == pytest.approx(0.006, rel=1e-3) and plan.budget.model_s() == pytest.approx(0.002)
+    assert plan.park == ["a"]
+    frozen = controller(latency_budget_s=0.004, calibration_alpha=0.0)
+    frozen.observe(0.002, 0.006)
+    assert frozen.calibration == 1.0

@@ -1,0 +1,140 @@
+"""Simulator co-location: online arrivals and an offline pool planned by the core controller.
+
+Small synthetic workloads (no tokenizer) on Llama-3.1-8B / H100 iteration times; every figure
+compared is simulated time, deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bench.workloads.arrivals import BURST_HIGH, BURST_LOW, arrival_times
+from sgl_blend.core.colocation import ColocationConfig, ColocationController, IterationView
+from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
+from sgl_blend.core.psm_policy import make_offline_policy
+from sgl_blend.online_replay import summarize
+from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, ColocatedResult, OnlineArrival
+from sgl_blend.sim.overlap import overlap_function
+from sgl_blend.sim.step_time import NoisyClock, StepTime, fit_latency
+from sgl_blend.sim.workload import SimRequest, chain_hash
+
+MODEL = model_spec("llama-3.1-8b")
+HARDWARE = HardwareSpec.resolve("h100-sxm")
+COST = CostModel(MODEL, HARDWARE)
+STEP = StepTime.of(COST, overlap_function("sum"))
+HORIZON_S = 4.0
+
+
+@pytest.fixture(scope="module")
+def latency_model() -> dict:
+    fit = fit_latency(NoisyClock(STEP, jitter=0.0), count=200)
+    return fit.models["hygen"].to_dict()
+
+
+def online_load(rate: float = 6.0, seed: int = 0) -> list[OnlineArrival]:
+    rng = random.Random(seed)
+    return [OnlineArrival(at, SimRequest(f"on-{i}", "online", (), rng.randint(50, 900), rng.randint(20, 200),
+                                         4096, False))
+            for i, at in enumerate(arrival_times("poisson", rate, HORIZON_S, HORIZON_S, seed))]
+
+
+def offline_pool(n: int = 600, seed: int = 0) -> list[SimRequest]:
+    """Requests under a few shared system prompts, mixed output lengths."""
+    rng = random.Random(seed)
+    systems = [(chain_hash("", f"system-{k}"), 200) for k in range(4)]
+    return [SimRequest(f"off-{i}", "offline", (systems[i % 4],), rng.randint(20, 600), rng.randint(1, 300), 512,
+                       False) for i in range(n)]
+
+
+class CountingController(ColocationController):
+    """The real controller; counts its plans and keeps every view it was shown."""
+
+    def __init__(self, config: ColocationConfig) -> None:
+        super().__init__(config)
+        self.views: list[IterationView] = []
+
+    def begin(self, view: IterationView):
+        self.views.append(view)
+        return super().begin(view)
+
+
+def run(latency_model: dict, *, budget_s: float | None = None, offline: list[SimRequest] | None = None,
+        kv_capacity: int | None = None, offline_rate: float | None = None, mixed: bool = True,
+        policy: str = "psm") -> tuple[ColocatedResult, CountingController]:
+    controller = CountingController(ColocationConfig(mode="hygen", latency_budget_s=budget_s,
+                                                     latency_model=latency_model))
+    offline = offline_pool() if offline is None else offline
+    engine = ColocatedEngine(NoisyClock(STEP, jitter=0.0), controller,
+                             make_offline_policy(policy, MODEL, HARDWARE) if offline else None,
+                             ColocatedConfig(kv_capacity or COST.kv_capacity_tokens(), offline_rate=offline_rate,
+                                             mixed=mixed))
+    return engine.run(online_load(), offline, HORIZON_S), controller
+
+
+def test_every_online_request_completes_with_its_full_output(latency_model: dict) -> None:
+    arrivals = online_load()
+    result, controller = run(latency_model, budget_s=0.006)
+    assert [timing.tokens for timing in result.online] == [a.request.output_len for a in arrivals]
+    assert all(timing.ttft is not None and timing.ttft >= 0 for timing in result.online)
+    assert len(controller.views) == result.iterations
+    assert result.offline_tokens_per_s() > 0
+
+
+def test_online_only_serving_runs_no_offline_work(latency_model: dict) -> None:
+    result, _ = run(latency_model, offline=[])
+    assert result.offline_events == []
+    assert result.offline_tokens_per_s() == 0
+
+
+def test_a_latency_budget_trades_offline_throughput_for_online_latency(latency_model: dict) -> None:
+    online_only, _ = run(latency_model, offline=[])
+    tight, _ = run(latency_model, budget_s=0.0055)
+    loose, _ = run(latency_model, budget_s=0.012)
+    unbounded, _ = run(latency_model)
+    tbt = [summarize(r.online)["tbt_p99"] for r in (online_only, tight, loose, unbounded)]
+    offline = [r.offline_tokens_per_s() for r in (tight, loose, unbounded)]
+    assert tbt == sorted(tbt) and tbt[0] < tbt[-1]
+    assert offline == sorted(offline) and 0 < offline[0] < offline[-1]
+
+
+def test_the_planner_parks_offline_decodes_the_budget_cannot_carry(latency_model: dict) -> None:
+    result, controller = run(latency_model, budget_s=0.0055)
+    assert result.counts["parked"] > 0
+    unbounded, _ = run(latency_model)
+    assert unbounded.counts["parked"] == 0
+
+
+def test_online_arrivals_take_kv_back_from_offline_work(latency_model: dict) -> None:
+    arrivals = online_load()
+    result, _ = run(latency_model, kv_capacity=6000)
+    assert result.counts["retracted"] > 0
+    assert [timing.tokens for timing in result.online] == [a.request.output_len for a in arrivals]
+    assert result.peak_kv <= 6000
+
+
+def test_a_fixed_offline_rate_releases_no_more_than_the_rate_allows(latency_model: dict) -> None:
+    result, _ = run(latency_model, offline_rate=2.0)
+    # Requests released by the horizon: one at time 0, then two a second.
+    assert 0 < result.counts["offline_finished"] <= 1 + int(2.0 * result.seconds)
+
+
+def test_without_mixed_batches_a_prefill_iteration_stalls_every_decode(latency_model: dict) -> None:
+    mixed, _ = run(latency_model, policy="fcfs")
+    unmixed, _ = run(latency_model, policy="fcfs", mixed=False)
+    assert summarize(unmixed.online)["tbt_p99"] > summarize(mixed.online)["tbt_p99"]
+
+
+def test_the_latency_fit_on_simulated_batches_is_tight_without_noise() -> None:
+    fit = fit_latency(NoisyClock(STEP, jitter=0.0), count=200)
+    assert fit.holdout_mape["hygen"] < 0.02
+
+
+def test_bursty_arrivals_swing_three_times_between_halves() -> None:
+    times = arrival_times("bursty", 10.0, 2000.0, 100.0, seed=3)
+    high = sum(1 for t in times if t % 100.0 < 50.0)
+    low = len(times) - high
+    assert high / low == pytest.approx(BURST_HIGH / BURST_LOW, rel=0.1)
+    with pytest.raises(ValueError, match="unknown arrival pattern"):
+        arrival_times("weekly", 1.0, 10.0, 10.0, seed=0)
