@@ -34,7 +34,8 @@ class PolicyRun:
 
 
 def online_chat(answers: list[str]) -> Callable[[ServerProcess], None]:
-    """Online requests sent while the batch job runs, on SGLang's ordinary chat route."""
+    """Online requests sent while the BlendServe job runs, on SGLang's ordinary chat route (only
+    then: SGLang's own FCFS and the DFS baseline would queue them behind the whole job)."""
 
     def send(server: ServerProcess) -> None:
         for index in range(ONLINE_REQUESTS):
@@ -52,7 +53,7 @@ def run_policy(policy: str, batch_file: Path, work: Path) -> PolicyRun:
     totals, plugin = run_on_fresh_server(
         "tiny-llama", policy, batch_file, work / "out.jsonl", work / "errors.jsonl",
         sglang_args=["--port", str(free_port()), "--max-total-tokens", KV_TOKENS], server_log=work / "server.log",
-        show_progress=False, while_running=online_chat(answers))
+        show_progress=False, while_running=online_chat(answers) if policy == "blendserve" else None)
     texts = {}
     for record in iter_jsonl(work / "out.jsonl"):
         assert record["custom_id"] not in texts, f"{record['custom_id']} answered twice"
