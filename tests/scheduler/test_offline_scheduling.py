@@ -35,7 +35,7 @@ class PolicyRun:
 
 def online_chat(answers: list[str]) -> Callable[[ServerProcess], None]:
     """Online requests sent while the BlendServe job runs, on SGLang's ordinary chat route (only
-    then: SGLang's own FCFS and the DFS baseline would queue them behind the whole job)."""
+    then: under SGLang's own FCFS they would wait behind the whole job)."""
 
     def send(server: ServerProcess) -> None:
         for index in range(ONLINE_REQUESTS):
