@@ -70,6 +70,7 @@ class _Layout:
     tail: int = NO_OWNER
     host: list[tuple[list[int], Any]] = field(default_factory=list)
     dropped: int = 0
+    resident: int = 0
 
     @property
     def host_tokens(self) -> int:
@@ -110,12 +111,26 @@ class BidirectionalKV:
     def free_slots(self) -> int:
         return self.capacity - int(self.rt_fill.sum() + self.be_fill.sum())
 
+    def claimable_slots(self, realtime: bool) -> int:
+        """Free slots a newcomer of a class can claim: those in blocks with no owner on its
+        side (no owner at all in single-owner mode). Free slots beside another request's run
+        of the same class are only that request's to grow into, so Alg. 1 must not count them."""
+        usable = (self.rt_owner if realtime else self.be_owner) == NO_OWNER
+        if not self.bidirectional:
+            usable &= (self.rt_owner == NO_OWNER) & (self.be_owner == NO_OWNER)
+        return int((self.block_size - self.rt_fill - self.be_fill)[usable].sum())
+
+    def own_room(self) -> dict[str, int]:
+        """Free slots in each request's last block, which it alone grows into."""
+        return {rid: self._room(layout.tail) for rid, layout in self._layouts.items()
+                if layout.tail != NO_OWNER and self._room(layout.tail) > 0}
+
     def slots(self, rid: str) -> list[int]:
         return list(self._layouts[rid].slots) if rid in self._layouts else []
 
     def resident(self, rid: str) -> int:
         layout = self._layouts.get(rid)
-        return sum(1 for slot in layout.slots if slot != ON_HOST) if layout else 0
+        return layout.resident if layout else 0
 
     def host_tokens(self, rid: str) -> int:
         layout = self._layouts.get(rid)
@@ -132,8 +147,8 @@ class BidirectionalKV:
     def best_effort_resident(self, exclude: Iterable[str] = ()) -> dict[str, int]:
         """Device slots of each BE request an RT request could take (Alg. 1's memory view)."""
         skip = set(exclude)
-        return {rid: self.resident(rid) for rid, layout in self._layouts.items()
-                if not layout.realtime and rid not in skip and self.resident(rid)}
+        return {rid: layout.resident for rid, layout in self._layouts.items()
+                if not layout.realtime and rid not in skip and layout.resident}
 
     def _layout(self, rid: str, realtime: bool) -> _Layout:
         layout = self._layouts.get(rid)
@@ -147,11 +162,12 @@ class BidirectionalKV:
         return layout
 
     def allocate(self, rid: str, count: int, realtime: bool, protect: Iterable[str] = (),
-                 evict_order: Sequence[str] = ()) -> list[int] | None:
+                 evict_order: Iterable[str] = ()) -> list[int] | None:
         """Slots for ``count`` new tokens of ``rid``, in token order; None (and nothing
         changed for ``rid``) when they cannot be found. ``protect`` are requests running this
         iteration, whose KV must stay put; ``evict_order`` are whole requests that may go to
-        host memory, first to last, when an RT request finds nothing else."""
+        host memory, first to last, when an RT request finds nothing else (read lazily, so a
+        generator costs nothing unless it is needed)."""
         layout = self._layout(rid, realtime)
         claimed = self._claim(layout, count, set(protect) | {rid}, evict_order)
         if claimed is None:
@@ -216,12 +232,13 @@ class BidirectionalKV:
         blocks, counts = np.unique(np.asarray(slots, dtype=np.int64) // self.block_size, return_counts=True)
         fill, owner = (self.rt_fill, self.rt_owner) if layout.realtime else (self.be_fill, self.be_owner)
         fill[blocks] -= counts
+        layout.resident -= len(slots)
         emptied = blocks[fill[blocks] == 0]
         owner[emptied] = NO_OWNER
         if layout.tail in set(emptied.tolist()):
             layout.tail = NO_OWNER
 
-    def _claim(self, layout: _Layout, count: int, protect: set[str], evict_order: Sequence[str]) -> list[int] | None:
+    def _claim(self, layout: _Layout, count: int, protect: set[str], evict_order: Iterable[str]) -> list[int] | None:
         claimed: list[int] = []
         evictions = iter(evict_order)
         while len(claimed) < count:
@@ -271,6 +288,7 @@ class BidirectionalKV:
             self.be_fill[block] += take
             self.be_owner[block] = layout.owner
         layout.tail = block
+        layout.resident += take
         return slots
 
     def _take_over(self, layout: _Layout, protect: set[str], wanted: int) -> int | None:

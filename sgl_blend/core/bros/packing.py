@@ -43,11 +43,15 @@ AVERAGE_WEIGHT = 0.2
 
 @dataclass(frozen=True)
 class MemoryState:
-    """What Alg. 1 reads of the KV manager: free device slots, and per BE request the device
-    slots it holds, which an RT request may take when it is not in the batch."""
+    """What Alg. 1 reads of the KV manager: free device slots an RT request can claim, those a
+    BE request can claim (None: the same), and per BE request the device slots it holds, which
+    an RT request may take when it is not in the batch. ``own_room`` is the free room in each
+    request's last block, which only that request grows into."""
 
     free_slots: int
     best_effort_resident: Mapping[str, int] = field(default_factory=dict)
+    best_effort_free: int | None = None
+    own_room: Mapping[str, int] = field(default_factory=dict)
 
 
 class _Ledger:
@@ -56,19 +60,24 @@ class _Ledger:
 
     def __init__(self, memory: MemoryState) -> None:
         self.free = memory.free_slots
+        self.best_effort_free = memory.free_slots if memory.best_effort_free is None else memory.best_effort_free
         self.resident = memory.best_effort_resident
+        self.own_room = memory.own_room
         self.takeable = sum(memory.best_effort_resident.values())
         self.realtime = 0
         self.best_effort = 0
 
     def fits(self, realtime: int, best_effort: int, takeable: int) -> bool:
-        return best_effort <= self.free and realtime + best_effort <= self.free + takeable
+        return best_effort <= self.best_effort_free and realtime + best_effort <= self.free + takeable
+
+    def need(self, request: BrosRequest) -> int:
+        return max(request.new_slots() - self.own_room.get(request.rid, 0), 0)
 
     def fits_realtime(self, request: BrosRequest) -> bool:
-        return self.fits(self.realtime + request.new_slots(), self.best_effort, self.takeable)
+        return self.fits(self.realtime + self.need(request), self.best_effort, self.takeable)
 
     def fits_best_effort(self, request: BrosRequest) -> bool:
-        return self.fits(self.realtime, self.best_effort + request.new_slots(),
+        return self.fits(self.realtime, self.best_effort + self.need(request),
                          self.takeable - self.resident.get(request.rid, 0))
 
 
@@ -135,6 +144,13 @@ def _without(shape: BatchShape, request: BrosRequest) -> BatchShape:
     return BatchShape(shape.prefill_tokens - added.prefill_tokens, shape.prefill_reqs - added.prefill_reqs,
                       shape.prefill_attention - added.prefill_attention, shape.decode_reqs - added.decode_reqs,
                       shape.decode_context - added.decode_context, shape.decode_max_context)
+
+
+def _swap_order(request: BrosRequest) -> tuple[bool, int, int]:
+    """BE packing order: started requests by checkpointed tokens (their swap cost), then new
+    ones, oldest first. A new request has nothing to swap, but starting it while started ones
+    wait for their checkpointed tokens would fill the room they need to come back."""
+    return not request.prefilled, request.host_tokens, request.seq
 
 
 class BrosScheduler:
@@ -205,13 +221,13 @@ class BrosScheduler:
                 return Pressure.VIOLATION
             cursor.pop()
             batch.add(request)
-            ledger.realtime += request.new_slots()
+            ledger.realtime += ledger.need(request)
         return Pressure.NONE
 
     def _pack_best_effort(self, cursor: MergedCursor, batch: _Batch, ledger: _Ledger, budget: float, limit: int,
                           now: float) -> tuple[list[BrosRequest], int]:
         replaced = 0
-        for request in sorted(self.best_effort.values(), key=lambda r: (r.host_tokens, r.seq)):
+        for request in sorted(self.best_effort.values(), key=_swap_order):
             if not ledger.fits_best_effort(request):
                 break
             if len(batch) < limit and batch.time_with(request) <= budget:
@@ -222,7 +238,7 @@ class BrosScheduler:
                 break
             batch.drop_last_realtime()
             cursor.unpop()
-            ledger.realtime -= victim.new_slots()
+            ledger.realtime -= ledger.need(victim)
             self._add_best_effort(request, batch, ledger)
             replaced += 1
         return batch.best_effort, replaced
@@ -237,7 +253,7 @@ class BrosScheduler:
     @staticmethod
     def _add_best_effort(request: BrosRequest, batch: _Batch, ledger: _Ledger) -> None:
         batch.add(request)
-        ledger.best_effort += request.new_slots()
+        ledger.best_effort += ledger.need(request)
         ledger.takeable -= ledger.resident.get(request.rid, 0)
 
     def finish(self, plan: BrosPlan, now: float, finished: Iterable[str] = (), not_run: Iterable[str] = (),

@@ -1,0 +1,131 @@
+"""BROS in the simulator: RT latency and SLO attainment, BE throughput, four policies, rising RT load.
+
+RT load: ShareGPT prompts (real prompts tokenised, real reply lengths) arriving as a Poisson
+process at each rate. BE load: synthetic, prompt ~ U(512, 1024), output ~ U(32, 128), a closed
+loop of ``--be-concurrency`` jobs. Policies (`sgl_blend.sim.bros_engine`): SGLang's default FCFS,
+round-robin between the classes, BROS with recompute instead of bidirectional KV, and BROS. The
+BROS policies run `sgl_blend.core.bros`, the same code as `sgl-blend serve --colocation bros`.
+
+The modelled device is one H100 at the compute and bandwidth measured on the lab's H100
+(``bench/results/calibration_h100.json`` on main: 774.6 TFLOP/s bf16 GEMM, 2.97 TB/s, H2D copy
+54.1 GB/s) serving Llama-3.1-8B with ``--kv-tokens`` of KV memory (a small KV pool, as the
+paper's A100-40GB is, so that RT and BE compete for it). The scheduler predicts with the
+``bros`` form fitted on the device's profile, never with the device itself.
+
+Targets, as ratios within one run: RT normalized latency >= 50% lower than FCFS at the highest
+rate; BE throughput loss <= 12% against FCFS (mean over rates); TTFT attainment >= 5x FCFS at
+the highest rate (overload); bidirectional KV >= 1.2x the TPOT attainment (per token) of
+recompute at the highest rate.
+
+    python -m bench.bros            # writes bench/results/bros.json and bros.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from sgl_blend.core.bros.cost import SwapModel
+from sgl_blend.core.cost_model import BUILTIN_MODELS, HardwareSpec
+from sgl_blend.sim.bros_device import RooflineDevice
+from sgl_blend.sim.bros_engine import POLICIES, SimSettings, poisson_arrivals, simulate
+
+RESULTS = Path(__file__).parent / "results"
+H100_MEASURED = HardwareSpec("h100-measured", 774.6e12, 2.9715e12, 54.9e9)
+H2D_BYTES_PER_S = 54.1e9
+
+
+def rt_lengths(count: int, seed: int) -> list[tuple[int, int]]:
+    from bench.workloads import sharegpt
+
+    return [(request.prompt_len, request.output_len) for request in sharegpt.load(count, seed=seed)]
+
+
+def targets(by_rate: dict[float, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    high = by_rate[max(by_rate)]
+
+    def ratio(top: float | None, bottom: float | None) -> float | None:
+        if top is None or bottom is None:
+            return None
+        return top / bottom if bottom > 0 else float("inf") if top > 0 else None
+
+    def mean_be(policy: str) -> float:
+        return sum(run[policy]["be_requests_per_s"] for run in by_rate.values()) / len(by_rate)
+
+    latency_cut = 1 - high["bros"]["normalized_latency_s"] / high["fcfs"]["normalized_latency_s"]
+    be_loss = 1 - mean_be("bros") / mean_be("fcfs")
+    ttft = ratio(high["bros"]["ttft_attainment"], high["fcfs"]["ttft_attainment"])
+    tpot = ratio(high["bros"]["tpot_attainment_per_token"], high["bros-recompute"]["tpot_attainment_per_token"])
+    return {
+        "rate_high": max(by_rate),
+        "rt_normalized_latency_cut_vs_fcfs": latency_cut, "met_latency": latency_cut >= 0.5,
+        "be_throughput_loss_vs_fcfs": be_loss, "met_be_loss": be_loss <= 0.12,
+        "ttft_attainment_x_fcfs": ttft, "met_ttft": ttft is not None and ttft >= 5,
+        "tpot_attainment_x_recompute": tpot, "met_tpot": tpot is not None and tpot >= 1.2,
+    }
+
+
+def plot(by_rate: dict[float, dict[str, dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("normalized_latency_s", "RT normalized latency (s/token)"), ("ttft_attainment", "TTFT attainment"),
+              ("tpot_attainment_per_token", "TPOT attainment (per token)"), ("be_requests_per_s", "BE requests/s"))
+    rates = sorted(by_rate)
+    figure, axes = plt.subplots(1, len(panels), figsize=(18, 4))
+    for axis, (key, title) in zip(axes, panels):
+        for policy in POLICIES:
+            axis.plot(rates, [by_rate[rate][policy][key] for rate in rates], marker="o", label=policy)
+        axis.set_title(title)
+        axis.set_xlabel("RT requests/s")
+    axes[0].legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rates", type=float, nargs="+", default=[4.0, 8.0, 16.0, 24.0])
+    parser.add_argument("--duration", type=float, default=60.0, help="simulated seconds per run")
+    parser.add_argument("--kv-tokens", type=int, default=32768)
+    parser.add_argument("--be-concurrency", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "bros.json")
+    args = parser.parse_args(argv)
+    model = BUILTIN_MODELS["llama-3.1-8b"]
+    device = RooflineDevice(model, H100_MEASURED, SwapModel(model.kv_bytes_per_token, H2D_BYTES_PER_S))
+    cost = device.fitted_cost()
+    settings = SimSettings(kv_tokens=args.kv_tokens, duration_s=args.duration, be_concurrency=args.be_concurrency,
+                           seed=args.seed)
+    lengths = rt_lengths(4000, args.seed)
+    by_rate: dict[float, dict[str, dict[str, Any]]] = {}
+    for rate in args.rates:
+        arrivals = poisson_arrivals(lengths, rate, settings.duration_s, args.seed)
+        by_rate[rate] = {}
+        for policy in POLICIES:
+            started = time.process_time()
+            result = simulate(policy, arrivals, device, cost, settings)
+            result["cpu_s"] = time.process_time() - started
+            by_rate[rate][policy] = result
+            print(f"rate {rate:5.1f} {policy:15s} norm-lat {result['normalized_latency_s']:.4f} "
+                  f"TTFT {result['ttft_attainment']:.3f} TPOT/tok {result['tpot_attainment_per_token']:.3f} "
+                  f"BE/s {result['be_requests_per_s']:.2f}", flush=True)
+    report = {"settings": {**vars(args), "out": str(args.out), "model": model.name, "hardware": H100_MEASURED.name,
+                           "h2d_bytes_per_s": H2D_BYTES_PER_S, "block_size": settings.block_size,
+                           "max_running": settings.max_running, "slo": vars(settings.slo)},
+              "latency_model": cost.model.to_dict(),
+              "runs": {str(rate): runs for rate, runs in by_rate.items()}, "targets": targets(by_rate)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    plot(by_rate, args.out.with_suffix(".png"))
+    print(json.dumps(report["targets"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
