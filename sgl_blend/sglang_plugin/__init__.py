@@ -21,16 +21,18 @@ INTERNAL_STATE_TARGET = (
 
 def plugin_state() -> dict[str, Any]:
     """What the plugin reports about the process it runs in, with the offline pool once it exists."""
+    from sgl_blend.sglang_plugin.bros_hooks import active_bros
     from sgl_blend.sglang_plugin.colocation_hooks import active_colocation
     from sgl_blend.sglang_plugin.scheduler_hooks import active_pool, active_recorder
 
-    pool, colocation, recorder = active_pool(), active_colocation(), active_recorder()
+    pool, colocation, recorder, bros = active_pool(), active_colocation(), active_recorder(), active_bros()
     return {
         "version": __version__,
         "pid": os.getpid(),
         "cpu_kernel_stub": cpu_compat.kernel_stub_active(),
         "offline": pool.snapshot() if pool is not None else None,
         "colocation": colocation.snapshot() if colocation is not None else None,
+        "bros": bros.snapshot() if bros is not None else None,
         **(recorder.snapshot() if recorder is not None else {}),
     }
 
