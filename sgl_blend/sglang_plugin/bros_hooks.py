@@ -67,7 +67,8 @@ def configure(config: ColocationConfig) -> None:
     scheduler's request cap is known."""
     global _config
     _config = config
-    logger.info("sgl-blend bros mode: Alg. 1 admission by residual time and an adaptive batch size; "
+    # A warning, so it shows before SGLang has configured logging in the scheduler process.
+    logger.warning("sgl-blend bros mode: Alg. 1 admission by residual time and an adaptive batch size; "
                 "the radix cache is disabled in this mode (each request owns its KV slots)")
 
 

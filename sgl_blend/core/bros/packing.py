@@ -106,44 +106,55 @@ class BrosPlan:
 
 
 class _Batch:
-    """The batch under construction, with its shape and swap volume kept up to date so that each
-    candidate costs one prediction."""
+    """The batch under construction. Its shape is kept as running sums, so each candidate costs
+    one prediction and no copy of the batch."""
 
     def __init__(self, cost: IterationCost) -> None:
         self.cost = cost
         self.realtime: list[BrosRequest] = []
         self.best_effort: list[BrosRequest] = []
-        self.shape = BatchShape()
+        self.sums = [0, 0, 0, 0, 0]
+        self.longest = 0
         self.swap = 0
 
     def __len__(self) -> int:
         return len(self.realtime) + len(self.best_effort)
 
     def time_with(self, request: BrosRequest | None = None, without: BrosRequest | None = None) -> float:
-        shape, swap = self.shape, self.swap
-        if without is not None:
-            shape, swap = _without(shape, without), swap - without.host_tokens
-        if request is not None:
-            shape, swap = request.add_to(shape), swap + request.host_tokens
-        return self.cost.predict(shape, swap)
+        sums, swap = list(self.sums), self.swap
+        for member, sign in ((request, 1), (without, -1)):
+            if member is not None:
+                for index, value in enumerate(_step_sums(member)):
+                    sums[index] += sign * value
+                swap += sign * member.host_tokens
+        longest = max(self.longest, _step_sums(request)[4] if request is not None else 0)
+        return self.cost.predict(BatchShape(*sums, longest), swap)
 
     def add(self, request: BrosRequest) -> None:
         (self.realtime if request.realtime else self.best_effort).append(request)
-        self.shape, self.swap = request.add_to(self.shape), self.swap + request.host_tokens
+        self._count(request, 1)
 
     def drop_last_realtime(self) -> BrosRequest:
         request = self.realtime.pop()
-        self.shape, self.swap = _without(self.shape, request), self.swap - request.host_tokens
+        self._count(request, -1)
         return request
 
+    def _count(self, request: BrosRequest, sign: int) -> None:
+        if sign > 0:
+            self.longest = max(self.longest, _step_sums(request)[4])
+        for index, value in enumerate(_step_sums(request)):
+            self.sums[index] += sign * value
+        self.swap += sign * request.host_tokens
 
-def _without(shape: BatchShape, request: BrosRequest) -> BatchShape:
-    """``shape`` less one request's step; the longest decode context stays as an upper bound
-    (the ``bros`` form does not read it)."""
-    added = request.add_to(BatchShape())
-    return BatchShape(shape.prefill_tokens - added.prefill_tokens, shape.prefill_reqs - added.prefill_reqs,
-                      shape.prefill_attention - added.prefill_attention, shape.decode_reqs - added.decode_reqs,
-                      shape.decode_context - added.decode_context, shape.decode_max_context)
+
+def _step_sums(request: BrosRequest) -> tuple[int, int, int, int, int]:
+    """What a request's step adds to `BatchShape`'s prefill tokens, prefill requests, prefill
+    attention, decode requests and decode context. The longest decode context is a running
+    maximum that a removed request does not lower (an upper bound, for Echo's form only)."""
+    if request.is_prefill():
+        extend = request.extend_tokens()
+        return extend, 1, extend * extend, 0, 0
+    return 0, 0, 0, 1, request.prompt_len + request.generated
 
 
 def _swap_order(request: BrosRequest) -> tuple[bool, int, int]:
