@@ -35,7 +35,8 @@ from sgl_blend.sim.bros_engine import POLICIES, SimSettings, poisson_arrivals, s
 
 RESULTS = Path(__file__).parent / "results"
 H100_MEASURED = HardwareSpec("h100-measured", 774.6e12, 2.9715e12, 54.9e9)
-H2D_BYTES_PER_S = 54.1e9
+# Pinned host-to-device copies timed by kernels/transfer.py on the H100 (bytes, seconds).
+H2D_SAMPLES = ((1048576, 3.2017e-05), (16777216, 3.18247e-04), (67108864, 1.239361e-03), (268435456, 5.097975e-03))
 
 
 def rt_lengths(count: int, seed: int) -> list[tuple[int, int]]:
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "bros.json")
     args = parser.parse_args(argv)
     model = BUILTIN_MODELS["llama-3.1-8b"]
-    device = RooflineDevice(model, H100_MEASURED, SwapModel(model.kv_bytes_per_token, H2D_BYTES_PER_S))
+    swap = SwapModel.fit(H2D_SAMPLES, model.kv_bytes_per_token)
+    device = RooflineDevice(model, H100_MEASURED, swap)
     cost = device.fitted_cost()
     settings = SimSettings(kv_tokens=args.kv_tokens, duration_s=args.duration, be_concurrency=args.be_concurrency,
                            seed=args.seed)
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"TTFT {result['ttft_attainment']:.3f} TPOT/tok {result['tpot_attainment_per_token']:.3f} "
                   f"BE/s {result['be_requests_per_s']:.2f}", flush=True)
     report = {"settings": {**vars(args), "out": str(args.out), "model": model.name, "hardware": H100_MEASURED.name,
-                           "h2d_bytes_per_s": H2D_BYTES_PER_S, "block_size": settings.block_size,
+                           "swap_model": vars(swap), "block_size": settings.block_size,
                            "max_running": settings.max_running, "slo": vars(settings.slo)},
               "latency_model": cost.model.to_dict(),
               "runs": {str(rate): runs for rate, runs in by_rate.items()}, "targets": targets(by_rate)}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
 from sgl_blend.core.bros.bidirectional_kv import BidirectionalKV
@@ -220,7 +220,7 @@ class BestEffortLoop:
 
 
 def simulate(policy_name: str, arrivals: Sequence[Arrival], device: RooflineDevice, cost: IterationCost,
-             settings: SimSettings, progress: Callable[[float], None] | None = None) -> dict:
+             settings: SimSettings) -> dict:
     """Run one policy on one RT trace for ``settings.duration_s`` simulated seconds."""
     policy = make_policy(policy_name, settings, cost)
     metrics = ServiceMetrics(settings.slo)
@@ -266,8 +266,6 @@ def simulate(policy_name: str, arrivals: Sequence[Arrival], device: RooflineDevi
                 live.pop(rid, None)
             else:
                 submit(*loop.next(now), now)
-        if progress is not None:
-            progress(now)
     summary = metrics.summary()
     summary.update({"policy": policy_name, "iterations": iterations, "simulated_s": now,
                     "rt_unfinished": len(live), "mean_iteration_s": busy / iterations if iterations else None})

@@ -14,6 +14,8 @@ from sgl_blend.core.cost_model import BUILTIN_MODELS, HardwareSpec
 from sgl_blend.sim.bros_device import RooflineDevice
 from sgl_blend.sim.bros_engine import SimSettings, poisson_arrivals, simulate
 
+# A stand-in latency model in the bros form (5 ms per batch, 20 µs per prefill token, 1 ms per
+# decode): the tests that use it check mechanics, not timing.
 MODEL = {"form": "bros", "coefficients": {"b_prefill": 5e-3, "a0_prefill": 2e-5, "a1_prefill": 0.0,
                                            "b_decode": 5e-3, "a0_decode": 1e-3, "a1_decode": 0.0}}
 

@@ -17,13 +17,9 @@ from sgl_blend.colocation_launch import colocation_launch
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.serve import ServerProcess, start_server
 from sgl_blend.sglang_plugin.scheduler_hooks import OFF, POLICY_ENV
+from tests.bros.test_bros_launch_and_sim import MODEL
 from tests.colocation.test_colocation_server import generate, plugin_state, tokens
 from tests.conftest import free_port
-
-# A stand-in latency model in the bros form (5 ms per batch, 20 µs per prefill token, 1 ms per
-# decode): this module checks mechanics, not timing.
-MODEL = {"form": "bros", "coefficients": {"b_prefill": 5e-3, "a0_prefill": 2e-5, "a1_prefill": 0.0,
-                                           "b_decode": 5e-3, "a0_decode": 1e-3, "a1_decode": 0.0}}
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,12 @@ they are the longer of the two.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from sgl_blend.core.latency_model import BatchShape, LatencyModel, load_model
-
-HOST_TO_DEVICE = "host_to_device"
+from sgl_blend.core.latency_model import BatchShape, LatencyModel
 
 
 @dataclass(frozen=True)
@@ -49,14 +45,6 @@ class SwapModel:
             slope, intercept = float(np.dot(sizes, times) / np.dot(sizes, sizes)), 0.0
         return cls(bytes_per_token, 1.0 / float(slope), float(intercept))
 
-    @classmethod
-    def from_calibration(cls, path: Path, bytes_per_token: float) -> SwapModel:
-        """From a calibration JSON whose ``transfer.samples`` hold `kernels.transfer` results."""
-        data: dict[str, Any] = json.loads(Path(path).read_text())
-        samples = [(int(s["bytes"]), float(s["seconds"])) for s in data.get("transfer", {}).get("samples", [])
-                   if s.get("direction") == HOST_TO_DEVICE]
-        return cls.fit(samples, bytes_per_token)
-
 
 @dataclass(frozen=True)
 class IterationCost:
@@ -70,8 +58,3 @@ class IterationCost:
         if self.swap is None:
             return execute
         return max(execute, self.swap.seconds(swap_tokens))
-
-    @classmethod
-    def from_profile(cls, path: Path, swap: SwapModel | None = None) -> IterationCost:
-        """The ``bros`` form of a `sgl-blend profile --latency` file."""
-        return cls(load_model(path, "bros"), swap)
