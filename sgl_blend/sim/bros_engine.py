@@ -167,7 +167,8 @@ class BrosPolicy(Policy):
         protect = {r.rid for r in plan.requests}
         not_run: list[str] = []
         for request in plan.requests:
-            if request.host_tokens and self.kv.restore(request.rid, protect) is None:
+            order = self._evict_order(protect, now) if request.realtime else ()
+            if request.host_tokens and self.kv.restore(request.rid, protect, order) is None:
                 not_run.append(request.rid)
                 continue
             order = self._evict_order(protect, now) if request.realtime else ()

@@ -175,13 +175,14 @@ class BidirectionalKV:
         layout.slots.extend(claimed)
         return claimed
 
-    def restore(self, rid: str, protect: Iterable[str] = ()) -> list[int] | None:
-        """Bring ``rid``'s checkpointed tokens back into free slots; returns the slots used."""
+    def restore(self, rid: str, protect: Iterable[str] = (), evict_order: Iterable[str] = ()) -> list[int] | None:
+        """Bring ``rid``'s checkpointed tokens back into free slots (an RT request may make room
+        as `allocate` does); returns the slots used."""
         layout = self._layouts[rid]
         count = layout.host_tokens
         if count == 0:
             return []
-        claimed = self._claim(layout, count, set(protect) | {rid}, ())
+        claimed = self._claim(layout, count, set(protect) | {rid}, evict_order)
         if claimed is None:
             return None
         cursor = 0
