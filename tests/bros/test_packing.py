@@ -216,3 +216,29 @@ def test_metrics_count_deadlines_per_token_and_per_request() -> None:
     assert summary["token_attainment"] == pytest.approx(4 / 7)
     assert summary["normalized_latency_s"] == pytest.approx((0.3 / 3 + 1.6 / 4) / 2)
     assert summary["be_requests_per_s"] == pytest.approx(0.5)
+
+
+def test_merged_heads_give_the_order_a_full_sort_would_and_unpop_restores_it() -> None:
+    import random
+
+    from sgl_blend.core.bros.urgency import RealtimeQueues
+
+    slo = SLO(ttft_s=0.4, tpot_s=0.2)
+    queues = RealtimeQueues(slo)
+    rng = random.Random(7)
+    requests = []
+    for index in range(60):
+        request = BrosRequest(f"r{index}", True, arrival=index * 0.01, prompt_len=5)
+        if rng.random() < 0.5:
+            request.generated, request.last_token_at = 1, rng.uniform(0.0, 0.6)
+        requests.append(request)
+        queues.arrive(request)
+    expected = sorted(requests, key=lambda r: r.deadline(slo))
+    assert [r.rid for r in queues.in_order()] == [r.rid for r in expected]
+    cursor = queues.cursor()
+    popped = [cursor.pop() for _ in range(10)]
+    cursor.unpop()
+    cursor.unpop()
+    assert cursor.peek() is popped[8]
+    assert [r.rid for r in queues.take(cursor)] == [r.rid for r in expected[:8]]
+    assert [r.rid for r in queues.in_order()] == [r.rid for r in expected[8:]]
