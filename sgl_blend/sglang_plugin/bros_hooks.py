@@ -89,10 +89,13 @@ def _disable() -> None:
 guarded = guard(lambda: _state, _disable, "sgl-blend bros scheduling failed; falling back to SGLang's own scheduling")
 
 
-def _request(req: Any, now: float) -> BrosRequest:
+def _request(req: Any, now: float, waiting: bool) -> BrosRequest:
+    """The core's view of an engine request. One in the waiting queue with output already was
+    retracted by SGLang and recomputes prompt and output as one prefill."""
     produced, last = _state.tokens.get(req.rid, (0, None))
     return BrosRequest(req.rid, not is_offline(req.routing_key), getattr(req, "blend_arrival", now),
-                       max(len(req.origin_input_ids), 1), generated=produced, last_token_at=last)
+                       max(len(req.origin_input_ids), 1), generated=produced, last_token_at=last,
+                       dropped=waiting and produced > 0)
 
 
 def plan_iteration(scheduler: Any, running_batch: Any) -> BrosPlan:
@@ -100,11 +103,13 @@ def plan_iteration(scheduler: Any, running_batch: Any) -> BrosPlan:
     now = time.monotonic()
     bros = BrosScheduler(_state.cost, _state.slo, _state.batch_size)
     bros.average_iteration_s = _state.average_iteration_s
-    requests = [_request(req, now) for req in [*running_batch.reqs, *scheduler.waiting_queue] if not req.finished()]
+    waiting = {req.rid for req in scheduler.waiting_queue}
+    requests = [_request(req, now, req.rid in waiting) for req in [*running_batch.reqs, *scheduler.waiting_queue]
+                if not req.finished()]
     for request in sorted(requests, key=lambda r: (r.prefilled, r.arrival)):
         bros.submit(request)
     plan = bros.plan(now, MemoryState(int(scheduler.token_to_kv_pool_allocator.available_size())))
-    _state.admit = {request.rid: position for position, request in enumerate(plan.requests) if not request.prefilled}
+    _state.admit = {request.rid: position for position, request in enumerate(plan.requests) if request.rid in waiting}
     _state.last_plan = plan.summary()
     _state.plans += 1
     return plan

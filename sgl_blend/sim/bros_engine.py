@@ -152,26 +152,30 @@ class BrosPolicy(Policy):
         self.requests[request.rid] = request
         self.scheduler.submit(request)
 
-    def _evict_order(self, protect: set[str], now: float) -> Iterator[str]:
-        """Whole requests that may leave the device when nothing else fits: BE first, then RT
-        with the most time left (a generator: only worked out when an RT request needs it)."""
+    def _evict_order(self, protect: set[str], now: float, realtime_too: bool) -> Iterator[str]:
+        """Whole requests that may leave the device when nothing else fits: BE first, then -- only
+        for the most urgent RT request, so that RT requests do not evict each other in turn --
+        RT with the most time left. A generator: worked out only when it is needed."""
         idle = [r for r in self.requests.values() if r.rid not in protect and self.kv.resident(r.rid)]
         yield from (r.rid for r in idle if not r.realtime)
-        realtime = sorted((r for r in idle if r.realtime), key=lambda r: -r.residual(now, self.scheduler.slo))
-        yield from (r.rid for r in realtime)
+        if realtime_too:
+            realtime = sorted((r for r in idle if r.realtime), key=lambda r: -r.residual(now, self.scheduler.slo))
+            yield from (r.rid for r in realtime)
 
     def step(self, now: float) -> tuple[list[BrosRequest], int]:
         memory = MemoryState(self.kv.claimable_slots(True), self.kv.best_effort_resident(),
                              self.kv.claimable_slots(False), self.kv.own_room())
         plan = self.scheduler.plan(now, memory)
         protect = {r.rid for r in plan.requests}
+        head = plan.realtime[0] if plan.realtime else None
         not_run: list[str] = []
         for request in plan.requests:
-            order = self._evict_order(protect, now) if request.realtime else ()
-            if request.host_tokens and self.kv.restore(request.rid, protect, order) is None:
+            may_evict = request.realtime
+            if request.host_tokens and self.kv.restore(
+                    request.rid, protect, self._evict_order(protect, now, request is head) if may_evict else ()) is None:
                 not_run.append(request.rid)
                 continue
-            order = self._evict_order(protect, now) if request.realtime else ()
+            order = self._evict_order(protect, now, request is head) if may_evict else ()
             if self.kv.allocate(request.rid, request.extend_tokens(), request.realtime, protect, order) is None:
                 not_run.append(request.rid)
         self._sync_victims()
