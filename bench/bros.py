@@ -216,17 +216,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rate {rate:5.1f} {policy:15s} norm-lat {result['normalized_latency_s']:.4f} "
                   f"TTFT {result['ttft_attainment']:.3f} TPOT/tok {result['tpot_attainment_per_token']:.3f} "
                   f"BE/s {result['be_requests_per_s']:.2f}", flush=True)
-    report = {"settings": {**vars(args), "out": str(args.out), "model": model.name, "hardware": H100_MEASURED.name,
+    given = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    report = {"settings": {**given, "model": model.name, "hardware": H100_MEASURED.name,
                            "swap_model": vars(swap), "block_size": settings.block_size,
                            "max_running": settings.max_running, "slo": vars(settings.slo)},
               "latency_model": cost.model.to_dict(),
               "runs": {str(rate): runs for rate, runs in by_rate.items()}, "targets": targets(by_rate)}
-    if args.engine:
-        report["engine"] = run_engine(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     plot(by_rate, args.out.with_suffix(".png"))
     print(json.dumps(report["targets"], indent=2))
+    if args.engine:
+        report["engine"] = run_engine(args)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
