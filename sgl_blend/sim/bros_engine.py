@@ -153,9 +153,8 @@ class BrosPolicy(Policy):
         self.scheduler.submit(request)
 
     def _evict_order(self, protect: set[str], now: float, realtime_too: bool) -> Iterator[str]:
-        """Whole requests that may leave the device when nothing else fits: BE first, then -- only
-        for the most urgent RT request, so that RT requests do not evict each other in turn --
-        RT with the most time left. A generator: worked out only when it is needed."""
+        """Whole requests that may leave the device when nothing else fits: BE first, then RT
+        with the most time left. A generator: worked out only when it is needed."""
         idle = [r for r in self.requests.values() if r.rid not in protect and self.kv.resident(r.rid)]
         yield from (r.rid for r in idle if not r.realtime)
         if realtime_too:
@@ -163,26 +162,30 @@ class BrosPolicy(Policy):
             yield from (r.rid for r in realtime)
 
     def step(self, now: float) -> tuple[list[BrosRequest], int]:
+        """Place the plan's KV; a request that finds no room sits this iteration out."""
         memory = MemoryState(self.kv.claimable_slots(True), self.kv.best_effort_resident(),
                              self.kv.claimable_slots(False), self.kv.own_room())
         plan = self.scheduler.plan(now, memory)
         protect = {r.rid for r in plan.requests}
-        head = plan.realtime[0] if plan.realtime else None
-        not_run: list[str] = []
-        for request in plan.requests:
-            may_evict = request.realtime
-            if request.host_tokens and self.kv.restore(
-                    request.rid, protect, self._evict_order(protect, now, request is head) if may_evict else ()) is None:
-                not_run.append(request.rid)
-                continue
-            order = self._evict_order(protect, now, request is head) if may_evict else ()
-            if self.kv.allocate(request.rid, request.extend_tokens(), request.realtime, protect, order) is None:
-                not_run.append(request.rid)
+        not_run = [r.rid for r in plan.requests if not self._place(r, protect, now)]
         self._sync_victims()
         self._plan, self._not_run = plan, not_run
         skipped = set(not_run)
         ran = [r for r in plan.requests if r.rid not in skipped]
         return ran, sum(r.host_tokens for r in ran)
+
+    def _place(self, request: BrosRequest, protect: set[str], now: float) -> bool:
+        """Bring back the request's checkpointed tokens, then slots for its new ones. Room comes
+        from free slots, then (RT only) BE slots and whole BE requests; for its new tokens an RT
+        request may also move whole RT requests out (BROS's "drop BE, then RT by remaining
+        time"), but not to bring its own tokens back -- RT requests would swap each other out in
+        turn."""
+        realtime = request.realtime
+        if request.host_tokens and self.kv.restore(
+                request.rid, protect, self._evict_order(protect, now, False) if realtime else ()) is None:
+            return False
+        order = self._evict_order(protect, now, True) if realtime else ()
+        return self.kv.allocate(request.rid, request.extend_tokens(), realtime, protect, order) is not None
 
     def _sync_victims(self) -> None:
         for request in self.requests.values():
@@ -241,7 +244,7 @@ def simulate(policy_name: str, arrivals: Sequence[Arrival], device: RooflineDevi
         submit(*loop.next(0.0), 0.0)
     pending = deque(sorted(arrivals, key=lambda a: a.at))
     live: dict[str, BrosRequest] = {}
-    now, iterations, busy = 0.0, 0, 0.0
+    now, iterations, busy, idle = 0.0, 0, 0.0, 0.0
     while now < settings.duration_s:
         while pending and pending[0].at <= now:
             arrival = pending.popleft()
@@ -250,8 +253,10 @@ def simulate(policy_name: str, arrivals: Sequence[Arrival], device: RooflineDevi
             submit(request, arrival.output_len, arrival.at)
         batch, swap = policy.step(now)
         if not batch:
+            # Nothing can run (nothing waiting, or no room for what is): idle until the next arrival.
             if not pending:
                 break
+            idle += max(pending[0].at - now, 0.0)
             now = max(now, pending[0].at)
             continue
         shape = BatchShape()
@@ -273,7 +278,8 @@ def simulate(policy_name: str, arrivals: Sequence[Arrival], device: RooflineDevi
                 submit(*loop.next(now), now)
     summary = metrics.summary()
     summary.update({"policy": policy_name, "iterations": iterations, "simulated_s": now,
-                    "rt_unfinished": len(live), "mean_iteration_s": busy / iterations if iterations else None})
+                    "rt_unfinished": len(live), "mean_iteration_s": busy / iterations if iterations else None,
+                    "idle_s": idle})
     if isinstance(policy, BrosPolicy):
         summary["checkpointed_tokens"] = policy.checkpointed_tokens
     return summary
