@@ -105,6 +105,12 @@ class FifoPolicy(Policy):
 
     def step(self, now: float) -> tuple[list[BrosRequest], int]:
         serving = self._serving()
+        self._ran = self._serve(serving)
+        if not self._ran and serving is not None:
+            self._ran = self._serve(not serving)  # a turn with nothing runnable passes to the other class
+        return self._ran, 0
+
+    def _serve(self, serving: bool | None) -> list[BrosRequest]:
         decodes = [r for r in self.running if serving is None or r.realtime == serving]
         while decodes and len(decodes) > self.free:
             victim = decodes.pop()
@@ -127,8 +133,7 @@ class FifoPolicy(Policy):
             request.dropped = False
             admitted.append(request)
         self.running.extend(admitted)
-        self._ran = decodes + admitted
-        return self._ran, 0
+        return decodes + admitted
 
     def done(self, now: float, finished: set[str], measured_s: float) -> None:
         for request in self._ran:
