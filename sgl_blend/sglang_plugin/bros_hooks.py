@@ -50,7 +50,7 @@ class BrosState:
         self.plans = 0
 
     def snapshot(self) -> dict[str, Any]:
-        return {"metrics": self.metrics.summary(), "batch_size": self.batch_size.current, "plans": self.plans,
+        return {"metrics": self.metrics.summary(time.monotonic()), "batch_size": self.batch_size.current, "plans": self.plans,
                 "last_plan": self.last_plan, "average_iteration_s": round(self.average_iteration_s, 6)}
 
 

@@ -281,7 +281,7 @@ def simulate(policy_name: str, arrivals: Sequence[Arrival], device: RooflineDevi
                 live.pop(rid, None)
             else:
                 submit(*loop.next(now), now)
-    summary = metrics.summary()
+    summary = metrics.summary(now)
     summary.update({"policy": policy_name, "iterations": iterations, "simulated_s": now,
                     "rt_unfinished": len(live), "mean_iteration_s": busy / iterations if iterations else None,
                     "idle_s": idle})

@@ -216,6 +216,9 @@ def test_metrics_count_deadlines_per_token_and_per_request() -> None:
     assert summary["token_attainment"] == pytest.approx(4 / 7)
     assert summary["normalized_latency_s"] == pytest.approx((0.3 / 3 + 1.6 / 4) / 2)
     assert summary["be_requests_per_s"] == pytest.approx(0.5)
+    metrics.arrived("starved", True, 1.0)
+    assert metrics.summary(now=1.3)["ttft_attainment"] == 0.5
+    assert metrics.summary(now=1.5)["ttft_attainment"] == pytest.approx(1 / 3)
 
 
 def test_merged_heads_give_the_order_a_full_sort_would_and_unpop_restores_it() -> None:

@@ -3,7 +3,8 @@
 - Normalized latency: the mean over finished RT requests of end-to-end latency divided by
   output tokens.
 - TTFT attainment: the share of RT requests whose first token came within the TTFT SLO (each
-  request has one first token, so per token and per request agree).
+  request has one first token, so per token and per request agree); a summary taken at a given
+  time also counts the requests still waiting past their deadline.
 - TPOT attainment per token (BROS's fine-grained form): the share of inter-token gaps within
   the TPOT SLO; per request: the share of requests whose mean gap is within it.
 - Token attainment: every RT token against its own deadline, first and later ones together.
@@ -86,8 +87,15 @@ class ServiceMetrics:
             self._tpot_requests += 1
             self._tpot_requests_met += (live.last - live.first) / (live.tokens - 1) <= self.slo.tpot_s
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, now: float | None = None) -> dict[str, Any]:
+        """With ``now``, RT requests still without a first token whose TTFT deadline has passed
+        count as misses: under overload, the requests never served are the worst ones, and an
+        attainment over served requests alone would hide them."""
         span = self.end - self.start
+        missed = 0
+        if now is not None:
+            missed = sum(1 for live in self._live.values()
+                         if live.realtime and live.first is None and now - live.arrival > self.slo.ttft_s)
 
         def share(part: int, whole: int) -> float | None:
             return part / whole if whole else None
@@ -96,10 +104,11 @@ class ServiceMetrics:
             "rt_finished": self.rt_finished,
             "be_finished": self.be_finished,
             "normalized_latency_s": self._normalized_sum / self.rt_finished if self.rt_finished else None,
-            "ttft_attainment": share(self._ttft_met, self._first_tokens),
+            "ttft_attainment": share(self._ttft_met, self._first_tokens + missed),
+            "rt_never_served_past_ttft": missed,
             "tpot_attainment_per_token": share(self._gaps_met, self._gaps),
             "tpot_attainment_per_request": share(self._tpot_requests_met, self._tpot_requests),
-            "token_attainment": share(self._ttft_met + self._gaps_met, self._first_tokens + self._gaps),
+            "token_attainment": share(self._ttft_met + self._gaps_met, self._first_tokens + missed + self._gaps),
             "be_requests_per_s": self.be_finished / span if span > 0 else None,
             "be_tokens_per_s": self.be_tokens / span if span > 0 else None,
             "span_s": span,
