@@ -18,8 +18,9 @@ from sgl_blend.core.latency_model import FORMS, load_model
 def add_colocation_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("co-location (online and offline work on one server)")
     group.add_argument("--colocation", choices=MODES, default=None,
-                       help="off (default), hygen (latency budget, offline decode skipping) or echo (SLO "
-                            "deadlines, KV priorities, online reserve)")
+                       help="off (default), hygen (latency budget, offline decode skipping), echo (SLO "
+                            "deadlines, KV priorities, online reserve) or bros (Alg. 1 admission by "
+                            "residual time, adaptive batch size; runs without the radix cache)")
     group.add_argument("--latency-budget-ms", type=float, default=None,
                        help="hygen: per-iteration latency budget once offline work is added")
     group.add_argument("--latency-model", type=Path, default=None, help="a `sgl-blend profile --latency` JSON")

@@ -17,6 +17,11 @@ COLOCATION_FLAGS: tuple[tuple[str, str | None], ...] = (
     ("--enable-mixed-chunk", None),
     ("--radix-cache-backend", "sgl-blend"),
 )
+# BROS's KV layout assumes each request owns its slots, so bros mode runs without the radix cache.
+BROS_FLAGS: tuple[tuple[str, str | None], ...] = (
+    ("--enable-mixed-chunk", None),
+    ("--disable-radix-cache", None),
+)
 
 
 def colocation_launch(config: ColocationConfig, sglang_args: Sequence[str] = (),
@@ -27,7 +32,8 @@ def colocation_launch(config: ColocationConfig, sglang_args: Sequence[str] = (),
     env = {ENV_VAR: config.to_json()}
     if iteration_log:
         env[LOG_ENV] = iteration_log
-    args = with_defaults(list(sglang_args), COLOCATION_FLAGS) if config.enabled else list(sglang_args)
+    flags = BROS_FLAGS if config.mode == "bros" else COLOCATION_FLAGS
+    args = with_defaults(list(sglang_args), flags) if config.enabled else list(sglang_args)
     return args, env
 
 

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from sgl_blend.core.latency_model import BatchShape, LatencyModel, max_prefill, model_from_dict
 
-MODES = ("off", "hygen", "echo")
+MODES = ("off", "hygen", "echo", "bros")
 ENV_VAR = "SGLBLEND_COLOCATION"
 DEFAULT_MIN_OFFLINE_CHUNK = 16
 DEFAULT_CALIBRATION_ALPHA = 0.05
@@ -94,7 +94,7 @@ class ColocationConfig:
         return self.mode == "echo"
 
     def needs_model(self) -> bool:
-        return self.latency_budget_s is not None or self.mode == "echo"
+        return self.latency_budget_s is not None or self.mode in ("echo", "bros")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

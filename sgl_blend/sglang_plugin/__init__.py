@@ -25,10 +25,11 @@ def plugin_state() -> dict[str, Any]:
     lists the ranks in the order they answered, not by rank."""
     from sglang.srt.runtime_context import get_parallel
 
+    from sgl_blend.sglang_plugin.bros_hooks import active_bros
     from sgl_blend.sglang_plugin.colocation_hooks import active_colocation
     from sgl_blend.sglang_plugin.scheduler_hooks import active_pool, active_recorder
 
-    pool, colocation, recorder = active_pool(), active_colocation(), active_recorder()
+    pool, colocation, recorder, bros = active_pool(), active_colocation(), active_recorder(), active_bros()
     return {
         "version": __version__,
         "pid": os.getpid(),
@@ -36,6 +37,7 @@ def plugin_state() -> dict[str, Any]:
         "cpu_kernel_stub": cpu_compat.kernel_stub_active(),
         "offline": pool.snapshot() if pool is not None else None,
         "colocation": colocation.snapshot() if colocation is not None else None,
+        "bros": bros.snapshot() if bros is not None else None,
         **(recorder.snapshot() if recorder is not None else {}),
     }
 

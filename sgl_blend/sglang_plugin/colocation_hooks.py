@@ -69,6 +69,12 @@ def start_from_env() -> None:
     except ValueError:
         logger.exception("sgl-blend co-location settings are invalid; SGLang schedules on its own")
         return
+    if config.mode == "bros":
+        from sgl_blend.sglang_plugin import bros_hooks
+
+        bros_hooks.configure(config)
+        _state = None
+        return
     _state = ColocationState(config) if config.enabled else None
 
 

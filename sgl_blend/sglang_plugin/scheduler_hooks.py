@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from sgl_blend.offline import is_offline
+from sgl_blend.sglang_plugin import bros_hooks
 from sgl_blend.sglang_plugin import colocation_hooks as colocation
 from sgl_blend.sglang_plugin.guard import guard
 from sgl_blend.sglang_plugin.iteration_log import IterationRecorder
@@ -134,8 +136,13 @@ def _report_batch(reqs: list) -> None:
     _pool.on_batch_result(reqs)
 
 
+def _may_admit(req: Any) -> bool | None:
+    planned = bros_hooks.may_admit(req)
+    return planned if planned is not None else _pool_may_admit(req)
+
+
 @_guarded
-def _may_admit(req: Any) -> bool:
+def _pool_may_admit(req: Any) -> bool:
     return _pool.may_admit(req)
 
 
@@ -169,16 +176,20 @@ def _after_add_to_queue(result: Any, scheduler: Any, req: Any, is_retracted: boo
     if not is_retracted and not is_offline(req.routing_key):
         colocation.note_arrival(req)
         _record_arrival(scheduler, req)
+    if not is_retracted:
+        bros_hooks.note_arrival(scheduler, req)
     return result
 
 
 def _around_prefill(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     running_batch = kwargs["running_batch"] if "running_batch" in kwargs else args[-1]
     colocation.before_prefill(scheduler, running_batch)
+    bros_hooks.before_prefill(scheduler, running_batch)
     try:
         return original(scheduler, *args, **kwargs)
     finally:
         _record_plan(colocation.end_iteration())
+        bros_hooks.end_iteration()
 
 
 def _around_decode(original: Callable, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -191,7 +202,9 @@ def _around_decode(original: Callable, scheduler: Any, batch: Any, *args: Any, *
 
 def _around_run_batch(original: Callable, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     _record_begin(scheduler, batch)
+    started = time.monotonic()
     result = original(scheduler, batch, *args, **kwargs)
+    bros_hooks.forward_done(time.monotonic() - started)
     colocation.observe_batch(_record_forward())
     return result
 
@@ -199,6 +212,7 @@ def _around_run_batch(original: Callable, scheduler: Any, batch: Any, *args: Any
 def _after_batch_result(result: Any, _scheduler: Any, batch: Any, *_args: Any, **_kwargs: Any) -> Any:
     if batch is not None:
         _report_batch(batch.reqs)
+        bros_hooks.observe(batch)
     return result
 
 

@@ -1,0 +1,35 @@
+"""Adaptive batch size (BROS §IV-B), after TCP's congestion window.
+
+It starts at a conservative base, doubles after each iteration in which real-time requests put
+no pressure on the time budget, and falls back to the base on a violation (a predicted batch
+that would overrun the most urgent residual, or a real-time request already past its deadline).
+It never exceeds what the engine can run at once.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+BASE_BATCH_SIZE = 128
+
+
+class Pressure(Enum):
+    NONE = "none"          # every real-time candidate fit: grow
+    STEADY = "steady"      # stopped by batch size or memory: hold
+    VIOLATION = "violation"  # stopped by the time budget, or a request is late: reset
+
+
+class AdaptiveBatchSize:
+    def __init__(self, cap: int, base: int = BASE_BATCH_SIZE) -> None:
+        if cap < 1 or base < 1:
+            raise ValueError(f"batch sizes must be positive, got base {base}, cap {cap}")
+        self.cap = cap
+        self.base = min(base, cap)
+        self.current = self.base
+
+    def update(self, pressure: Pressure) -> int:
+        if pressure is Pressure.VIOLATION:
+            self.current = self.base
+        elif pressure is Pressure.NONE:
+            self.current = min(self.current * 2, self.cap)
+        return self.current

@@ -1,0 +1,86 @@
+"""A request as BROS schedules it, and what its next step adds to a batch.
+
+A step is one forward pass for the request: the prompt's prefill (or, after its KV was dropped,
+the recomputation of prompt and output so far) or one decode token. Checkpointed tokens that sit
+in host memory must be swapped back before the step (``host_tokens``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sgl_blend.core.latency_model import BatchShape
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Token deadlines of real-time requests (BROS §VII: TTFT 0.4 s, TPOT 0.2 s)."""
+
+    ttft_s: float = 0.4
+    tpot_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_s > 0 and self.tpot_s > 0):
+            raise ValueError(f"SLOs must be positive seconds, got TTFT {self.ttft_s}, TPOT {self.tpot_s}")
+
+
+@dataclass(eq=False, slots=True)
+class BrosRequest:
+    """``generated`` output tokens exist. Of the KV the request has computed, ``host_tokens``
+    were checkpointed to host memory and must be swapped back before its next step; a
+    ``dropped`` request lost its KV and recomputes prompt and output as one prefill."""
+
+    rid: str
+    realtime: bool
+    arrival: float
+    prompt_len: int
+    generated: int = 0
+    last_token_at: float | None = None
+    host_tokens: int = 0
+    dropped: bool = False
+    seq: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_len <= 0:
+            raise ValueError(f"request {self.rid!r} has an empty prompt")
+
+    @property
+    def prefilled(self) -> bool:
+        return self.generated > 0
+
+    def deadline(self, slo: SLO) -> float:
+        """When the next token is due: TTFT after arrival for the first, TPOT after the last
+        one for the rest (``k_i = 1``, as systems.md reads Alg. 1)."""
+        if self.last_token_at is None:
+            return self.arrival + slo.ttft_s
+        return self.last_token_at + slo.tpot_s
+
+    def residual(self, now: float, slo: SLO) -> float:
+        return self.deadline(slo) - now
+
+    def is_prefill(self) -> bool:
+        return not self.prefilled or self.dropped
+
+    def extend_tokens(self) -> int:
+        """Tokens the next step feeds through the model."""
+        if not self.prefilled:
+            return self.prompt_len
+        if self.dropped:
+            return self.prompt_len + self.generated
+        return 1
+
+    def new_slots(self) -> int:
+        """Device slots the next step needs: new KV plus checkpointed tokens swapped back."""
+        return self.extend_tokens() + self.host_tokens
+
+    def add_to(self, shape: BatchShape) -> BatchShape:
+        if self.is_prefill():
+            return shape.with_prefill(self.extend_tokens())
+        return shape.with_decode(self.prompt_len + self.generated)
+
+    def step_done(self, now: float) -> None:
+        """The step ran: one more token, KV resident again."""
+        self.generated += 1
+        self.last_token_at = now
+        self.dropped = False
+        self.host_tokens = 0

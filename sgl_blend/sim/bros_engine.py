@@ -1,0 +1,304 @@
+"""Iteration-level simulation of RT/BE co-location, comparing BROS with the baselines it names.
+
+RT requests arrive on a fixed trace; BE requests run in a closed loop (a finished one is
+replaced at once, as a batch job keeps its window full). Each iteration a policy picks the batch
+and places its KV, the modelled device says how long it took, and every request in the batch
+produces one token. Policies:
+
+- ``fcfs``: one first-come-first-served queue over both classes with continuous batching, as
+  SGLang and vLLM run by default; admission while KV and the prefill token budget allow, and a
+  decode that finds no KV retracts the newest request, which recomputes later.
+- ``rr``: two FCFS queues served in alternate iterations (the paper's round-robin baseline).
+- ``bros-recompute``: Alg. 1 and the adaptive batch size over single-owner blocks; an RT
+  request short of KV drops a whole BE request, which recomputes.
+- ``bros``: Alg. 1 over the bidirectional layout with lazy checkpointing.
+
+Both BROS policies run the same `sgl_blend.core.bros` code the SGLang plugin runs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
+
+from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
+from sgl_blend.core.bros.bidirectional_kv import BidirectionalKV
+from sgl_blend.core.bros.cost import IterationCost
+from sgl_blend.core.bros.metrics import ServiceMetrics
+from sgl_blend.core.bros.packing import BrosScheduler, MemoryState
+from sgl_blend.core.bros.requests import SLO, BrosRequest
+from sgl_blend.core.latency_model import BatchShape
+from sgl_blend.sim.bros_device import RooflineDevice
+
+POLICIES = ("fcfs", "rr", "bros-recompute", "bros")
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    kv_tokens: int = 32768
+    block_size: int = 16
+    max_running: int = 256
+    prefill_token_budget: int = 8192
+    duration_s: float = 60.0
+    be_concurrency: int = 64
+    be_prompt: tuple[int, int] = (512, 1024)
+    be_output: tuple[int, int] = (32, 128)
+    slo: SLO = field(default_factory=SLO)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Arrival:
+    rid: str
+    at: float
+    prompt_len: int
+    output_len: int
+
+
+class Policy:
+    """What the engine asks of a scheduler each iteration."""
+
+    def submit(self, request: BrosRequest) -> None:
+        raise NotImplementedError
+
+    def step(self, now: float) -> tuple[list[BrosRequest], int]:
+        """The requests that run now and the KV tokens swapped in for them."""
+        raise NotImplementedError
+
+    def done(self, now: float, finished: set[str], measured_s: float) -> None:
+        raise NotImplementedError
+
+
+class FifoPolicy(Policy):
+    """Continuous batching over FCFS queues; ``alternate`` serves the RT and BE queues in turn."""
+
+    def __init__(self, settings: SimSettings, alternate: bool) -> None:
+        self.settings = settings
+        self.alternate = alternate
+        self.waiting: dict[bool, deque[BrosRequest]] = {True: deque(), False: deque()}
+        self.running: list[BrosRequest] = []
+        self.held: dict[str, int] = {}
+        self.free = settings.kv_tokens
+        self.turn = True
+        self._ran: list[BrosRequest] = []
+
+    def submit(self, request: BrosRequest) -> None:
+        self.waiting[request.realtime if self.alternate else True].append(request)
+
+    def _serving(self) -> bool | None:
+        """Which queue runs now (None: the single FCFS queue)."""
+        if not self.alternate:
+            return None
+        has_work = {cls: bool(self.waiting[cls]) or any(r.realtime == cls for r in self.running) for cls in (True, False)}
+        if not has_work[self.turn]:
+            self.turn = not self.turn
+        serving, self.turn = self.turn, not self.turn
+        return serving
+
+    def _retract(self, request: BrosRequest) -> None:
+        self.running.remove(request)
+        self.free += self.held.pop(request.rid, 0)
+        request.dropped = request.prefilled
+        self.waiting[request.realtime if self.alternate else True].appendleft(request)
+
+    def step(self, now: float) -> tuple[list[BrosRequest], int]:
+        serving = self._serving()
+        self._ran = self._serve(serving)
+        if not self._ran and serving is not None:
+            self._ran = self._serve(not serving)  # a turn with nothing runnable passes to the other class
+        return self._ran, 0
+
+    def _serve(self, serving: bool | None) -> list[BrosRequest]:
+        decodes = [r for r in self.running if serving is None or r.realtime == serving]
+        while decodes and len(decodes) > self.free:
+            victim = decodes.pop()
+            self._retract(victim)
+        self.free -= len(decodes)
+        for request in decodes:
+            self.held[request.rid] += 1
+        queue = self.waiting[True if serving is None else serving]
+        budget = self.settings.prefill_token_budget
+        admitted: list[BrosRequest] = []
+        while queue and len(self.running) + len(admitted) < self.settings.max_running:
+            request = queue[0]
+            need = request.extend_tokens()
+            if need > self.free or (admitted and need > budget):
+                break
+            queue.popleft()
+            budget -= need
+            self.free -= need
+            self.held[request.rid] = need
+            request.dropped = False
+            admitted.append(request)
+        self.running.extend(admitted)
+        return decodes + admitted
+
+    def done(self, now: float, finished: set[str], measured_s: float) -> None:
+        for request in self._ran:
+            request.step_done(now)
+            if request.rid in finished:
+                self.running.remove(request)
+                self.free += self.held.pop(request.rid)
+
+
+class BrosPolicy(Policy):
+    def __init__(self, settings: SimSettings, cost: IterationCost, bidirectional: bool) -> None:
+        self.scheduler = BrosScheduler(cost, settings.slo, AdaptiveBatchSize(settings.max_running))
+        self.kv = BidirectionalKV(settings.kv_tokens // settings.block_size, settings.block_size,
+                                  bidirectional=bidirectional)
+        self.requests: dict[str, BrosRequest] = {}
+        self._plan = None
+        self._not_run: list[str] = []
+        self.checkpointed_tokens = 0
+
+    def submit(self, request: BrosRequest) -> None:
+        self.requests[request.rid] = request
+        self.scheduler.submit(request)
+
+    def _evict_order(self, protect: set[str], now: float, realtime_too: bool) -> Iterator[str]:
+        """Whole requests that may leave the device when nothing else fits: BE first, then RT
+        with the most time left. A generator: worked out only when it is needed."""
+        idle = [r for r in self.requests.values() if r.rid not in protect and self.kv.resident(r.rid)]
+        yield from (r.rid for r in idle if not r.realtime)
+        if realtime_too:
+            realtime = sorted((r for r in idle if r.realtime), key=lambda r: -r.residual(now, self.scheduler.slo))
+            yield from (r.rid for r in realtime)
+
+    def step(self, now: float) -> tuple[list[BrosRequest], int]:
+        """Place the plan's KV; a request that finds no room sits this iteration out."""
+        memory = MemoryState(self.kv.claimable_slots(True), self.kv.best_effort_resident(),
+                             self.kv.claimable_slots(False), self.kv.own_room())
+        plan = self.scheduler.plan(now, memory)
+        protect = {r.rid for r in plan.requests}
+        not_run = [r.rid for r in plan.requests if not self._place(r, protect, now)]
+        self._sync_victims()
+        self._plan, self._not_run = plan, not_run
+        skipped = set(not_run)
+        ran = [r for r in plan.requests if r.rid not in skipped]
+        return ran, sum(r.host_tokens for r in ran)
+
+    def _place(self, request: BrosRequest, protect: set[str], now: float) -> bool:
+        """Bring back the request's checkpointed tokens, then slots for its new ones. Room comes
+        from free slots, then (RT only) BE slots and whole BE requests; for its new tokens an RT
+        request may also move whole RT requests out (BROS's "drop BE, then RT by remaining
+        time"), but not to bring its own tokens back -- RT requests would swap each other out in
+        turn."""
+        realtime = request.realtime
+        if request.host_tokens and self.kv.restore(
+                request.rid, protect, self._evict_order(protect, now, False) if realtime else ()) is None:
+            return False
+        order = self._evict_order(protect, now, True) if realtime else ()
+        return self.kv.allocate(request.rid, request.extend_tokens(), realtime, protect, order) is not None
+
+    def _sync_victims(self) -> None:
+        for request in self.requests.values():
+            host = self.kv.host_tokens(request.rid)
+            self.checkpointed_tokens += max(host - request.host_tokens, 0)
+            request.host_tokens = host
+            if self.kv.take_dropped(request.rid):
+                request.dropped = True
+
+    def done(self, now: float, finished: set[str], measured_s: float) -> None:
+        self.scheduler.finish(self._plan, now, finished, self._not_run, measured_s)
+        for rid in finished:
+            self.kv.release(rid)
+            self.requests.pop(rid, None)
+
+
+def make_policy(name: str, settings: SimSettings, cost: IterationCost) -> Policy:
+    if name == "fcfs":
+        return FifoPolicy(settings, alternate=False)
+    if name == "rr":
+        return FifoPolicy(settings, alternate=True)
+    if name in ("bros", "bros-recompute"):
+        return BrosPolicy(settings, cost, bidirectional=name == "bros")
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+
+
+class BestEffortLoop:
+    """Closed-loop BE jobs: prompt ~ U(a, b), output ~ U(c, d), seeded."""
+
+    def __init__(self, settings: SimSettings) -> None:
+        self.settings = settings
+        self.rng = random.Random(settings.seed + 1)
+        self.count = 0
+
+    def next(self, now: float) -> tuple[BrosRequest, int]:
+        self.count += 1
+        prompt = self.rng.randint(*self.settings.be_prompt)
+        output = self.rng.randint(*self.settings.be_output)
+        return BrosRequest(f"be-{self.count}", False, now, prompt), output
+
+
+def simulate(policy_name: str, arrivals: Sequence[Arrival], device: RooflineDevice, cost: IterationCost,
+             settings: SimSettings) -> dict:
+    """Run one policy on one RT trace for ``settings.duration_s`` simulated seconds."""
+    policy = make_policy(policy_name, settings, cost)
+    metrics = ServiceMetrics(settings.slo)
+    outputs: dict[str, int] = {}
+    loop = BestEffortLoop(settings)
+
+    def submit(request: BrosRequest, output: int, now: float) -> None:
+        outputs[request.rid] = output
+        metrics.arrived(request.rid, request.realtime, now)
+        policy.submit(request)
+
+    for _ in range(settings.be_concurrency):
+        submit(*loop.next(0.0), 0.0)
+    pending = deque(sorted(arrivals, key=lambda a: a.at))
+    live: dict[str, BrosRequest] = {}
+    now, iterations, busy, idle = 0.0, 0, 0.0, 0.0
+    while now < settings.duration_s:
+        while pending and pending[0].at <= now:
+            arrival = pending.popleft()
+            request = BrosRequest(arrival.rid, True, arrival.at, arrival.prompt_len)
+            live[request.rid] = request
+            submit(request, arrival.output_len, arrival.at)
+        batch, swap = policy.step(now)
+        if not batch:
+            # Nothing can run (nothing waiting, or no room for what is): idle until the next arrival.
+            if not pending:
+                break
+            idle += max(pending[0].at - now, 0.0)
+            now = max(now, pending[0].at)
+            continue
+        shape = BatchShape()
+        for request in batch:
+            shape = request.add_to(shape)
+        elapsed = device.iteration_s(shape, swap)
+        now += elapsed
+        busy += elapsed
+        iterations += 1
+        finished = {r.rid for r in batch if r.generated + 1 >= outputs[r.rid]}
+        for request in batch:
+            metrics.token(request.rid, now)
+        policy.done(now, finished, elapsed)
+        for rid in finished:
+            metrics.finished(rid, now)
+            if not rid.startswith("be-"):
+                live.pop(rid, None)
+            else:
+                submit(*loop.next(now), now)
+    summary = metrics.summary(now)
+    summary.update({"policy": policy_name, "iterations": iterations, "simulated_s": now,
+                    "rt_unfinished": len(live), "mean_iteration_s": busy / iterations if iterations else None,
+                    "idle_s": idle})
+    if isinstance(policy, BrosPolicy):
+        summary["checkpointed_tokens"] = policy.checkpointed_tokens
+    return summary
+
+
+def poisson_arrivals(lengths: Iterable[tuple[int, int]], rate: float, duration_s: float, seed: int) -> list[Arrival]:
+    """RT arrivals at ``rate`` per second over ``duration_s``, cycling through ``lengths``."""
+    rng = random.Random(seed)
+    pool = list(lengths)
+    arrivals, now, index = [], 0.0, 0
+    while True:
+        now += rng.expovariate(rate)
+        if now >= duration_s:
+            return arrivals
+        prompt, output = pool[index % len(pool)]
+        arrivals.append(Arrival(f"rt-{index}", now, prompt, output))
+        index += 1
