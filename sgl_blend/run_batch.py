@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, Te
 import aiohttp
 from tqdm import tqdm
 
-from sgl_blend.batch_lines import BatchLine, LineError, duplicate_id_error, error_record, line_error_record, parse_line
+from sgl_blend.batch_lines import BatchLine, LineError, duplicate_id_error, line_error_record, parse_line
 from sgl_blend.line_sender import LineUsage, WorkerUnreachable, open_session, send_line
 from sgl_blend.offline import offline_headers
 
@@ -39,6 +39,8 @@ class JobTotals:
     completed: int = 0
     failed: int = 0
     skipped: int = 0
+    not_run: int = 0
+    """Lines the engine never answered (it went away, e.g. on Ctrl-C): left unwritten for a re-run."""
     usage: LineUsage = field(default_factory=LineUsage)
     seconds: float = 0.0
     seen_ids: set[str] = field(default_factory=set)
@@ -52,6 +54,7 @@ class JobTotals:
             "completed": self.completed,
             "failed": self.failed,
             "skipped_already_done": self.skipped,
+            "not_run_engine_unreachable": self.not_run,
             **self.usage.report(self.seconds),
         }
 
@@ -179,9 +182,8 @@ async def _send(session: aiohttp.ClientSession, base_url: str, line: BatchLine, 
                 outputs: JsonlAppender, errors: JsonlAppender, dp_rank: int | None = None) -> None:
     try:
         outcome = await send_line(session, base_url, line, dp_rank=dp_rank)
-    except WorkerUnreachable as error:
-        totals.failed += 1
-        errors.write(error_record(line.custom_id, "engine_unreachable", str(error), line.line_number))
+    except WorkerUnreachable:
+        totals.not_run += 1
         return
     if not outcome.ok:
         totals.failed += 1

@@ -49,10 +49,13 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: finished lines are saved; run the same command again to resume", file=sys.stderr)
         return 130
+    if totals.not_run:
+        print(f"{totals.not_run} lines did not run (the engine went away); run the same command again to run them",
+              file=sys.stderr)
     offline = state.get("offline") or {}
     summary = {"policy": args.policy, "output": str(args.output), "errors": str(error_path), **totals.summary(),
                "scheduler": {key: offline[key] for key in ("counts", "plan_seconds") if key in offline}}
     print(json.dumps(summary, indent=2))
     if args.summary_json:
         args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
-    return 0
+    return 1 if totals.not_run else 0

@@ -14,11 +14,11 @@ from bench.batch_files import sharegpt_lines, write_jsonl
 from tests.conftest import free_port
 
 
-def command(batch: Path, output: Path) -> list[str]:
+def command(batch: Path, output: Path, max_inflight: int = 1024) -> list[str]:
     """The job runs on the annotated radix-cache backend with priority eviction, so this test also
     covers the backend: SGLang flags after the job's own pass through to the server."""
     return [sys.executable, "-m", "sgl_blend.cli", "run-batch", "-i", str(batch), "-o", str(output),
-            "--model", "tiny-llama", "--port", str(free_port()), "--no-progress",
+            "--model", "tiny-llama", "--port", str(free_port()), "--no-progress", "--max-inflight", str(max_inflight),
             "--radix-cache-backend", "sgl-blend", "--radix-eviction-policy", "priority"]
 
 
@@ -33,7 +33,9 @@ def test_interrupted_job_resumes_without_duplicates(tmp_path: Path) -> None:
     with batch.open("a") as handle:
         handle.write("{not json\n")
     output = tmp_path / "out.jsonl"
-    first = subprocess.Popen(command(batch, output), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A few lines in flight at a time, so the job is still far from done when the 20th result
+    # lands: with all 200 in one batch they finish together and the interrupt could come too late.
+    first = subprocess.Popen(command(batch, output, max_inflight=8), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
     while first.poll() is None and time.monotonic() < deadline and (not output.exists() or len(custom_ids(output)) < 20):
         time.sleep(0.2)
