@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -28,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(accepts_extra_args=True)
 
 
+def _stop_like_ctrl_c(_signum: int, _frame: object) -> None:
+    """SIGTERM ends the job as Ctrl-C does: finished lines kept, the server stopped, never orphaned."""
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     from sgl_blend.run_batch import run_on_fresh_server
     from sgl_blend.serve import ServerStartError
@@ -35,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.input.is_file():
         print(f"error: no input file {args.input}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _stop_like_ctrl_c)
+    # Ctrl-C must stop the job even when a launcher started it with SIGINT ignored (a shell's `&`).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     error_path = args.error_file or args.output.with_suffix(".errors.jsonl")
     server_log = args.server_log or args.output.with_suffix(".server.log")
     print(f"starting the {args.model} server (log: {server_log}) ...", file=sys.stderr, flush=True)
