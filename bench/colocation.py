@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench.batch_files import fewshot_lines, iter_sharegpt_conversations
+from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
 from bench.workloads.arrivals import arrival_times
 from sgl_blend.batch_lines import BatchLine, parse_line
 from sgl_blend.colocation_launch import colocation_launch, with_free_port
@@ -230,41 +231,20 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    configs = ("online-only", "hygen", "hygen-star", "sglang-priority")
-    colors = dict(zip(configs, ("black", "tab:blue", "tab:orange", "tab:green")))
-    fig, axes = plt.subplots(3, 2, figsize=(12, 9), sharex="col")
+    fig, axes = latency_figure(2)
     for column, pattern in enumerate(("poisson", "bursty")):
-        for config in configs:
+        for config in CONFIG_COLORS:
             series = report["runs"][f"{config}/{pattern}"]["series"]
-            online = [point for point in series["online"] if point["ttft"] is not None]
-            axes[0, column].plot([p["t"] for p in online], [p["ttft"] * 1000 for p in online], ".", ms=3,
-                                 color=colors[config], label=config)
-            with_tbt = [point for point in online if point["tbt"] is not None]
-            axes[1, column].plot([p["t"] for p in with_tbt], [p["tbt"] * 1000 for p in with_tbt], ".", ms=3,
-                                 color=colors[config])
+            plot_online(axes, column, config, series["online"], marker_size=3)
             bins: dict[int, int] = {}
             for at, tokens in series["offline_tokens"]:
                 bins[int(at // THROUGHPUT_BIN_S)] = bins.get(int(at // THROUGHPUT_BIN_S), 0) + tokens
             if bins:
                 keys = sorted(bins)
                 axes[2, column].step([k * THROUGHPUT_BIN_S for k in keys], [bins[k] / THROUGHPUT_BIN_S for k in keys],
-                                     where="post", color=colors[config])
-        axes[0, column].set_title(f"{pattern} online arrivals")
-        axes[0, column].set_ylabel("TTFT (ms)")
-        axes[0, column].set_yscale("log")
-        axes[1, column].set_ylabel("mean TBT per request (ms)")
-        axes[1, column].set_yscale("log")
-        axes[2, column].set_ylabel("offline output tok/s")
-        axes[2, column].set_xlabel("seconds into the replay")
-    axes[0, 0].legend(fontsize=8)
-    fig.suptitle(f"{report['model']}: online latency and offline throughput over time")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+                                     where="post", color=CONFIG_COLORS[config])
+        label_column(axes, column, f"{pattern} online arrivals", "offline output tok/s", "seconds into the replay")
+    save_figure(fig, axes, f"{report['model']}: online latency and offline throughput over time", path)
 
 
 def main() -> None:

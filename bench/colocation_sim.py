@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
 from bench.workloads import sharegpt
 from bench.workloads.arrivals import PATTERNS, arrival_times
 from bench.workloads.mixer import named_workload
@@ -215,38 +216,19 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = dict(zip(CONFIGS, ("black", "tab:blue", "tab:orange", "tab:green")))
     shown = [c for c in report["cells"] if c["rate_per_s"] == report["plot_rate"]]
-    fig, axes = plt.subplots(3, len(shown), figsize=(6 * len(shown), 9), sharex="col", squeeze=False)
+    fig, axes = latency_figure(len(shown))
     for column, result in enumerate(shown):
         for config in CONFIGS:
             series = result["runs"][config]["series"]
-            online = [p for p in series["online"] if p["ttft"] is not None]
-            axes[0, column].plot([p["t"] for p in online], [p["ttft"] * 1000 for p in online], ".", ms=2,
-                                 color=colors[config], label=config)
-            with_tbt = [p for p in online if p["tbt"] is not None]
-            axes[1, column].plot([p["t"] for p in with_tbt], [p["tbt"] * 1000 for p in with_tbt], ".", ms=2,
-                                 color=colors[config])
+            plot_online(axes, column, config, series["online"], marker_size=2)
             if series["offline_tok_s"]:
                 at, rate = zip(*series["offline_tok_s"], (report["duration_s"], series["offline_tok_s"][-1][1]))
-                axes[2, column].step(at, rate, where="post", color=colors[config])
-        axes[0, column].set_title(f"{result['pattern']} arrivals, {result['rate_per_s']:g} req/s online")
-        axes[0, column].set_ylabel("TTFT (ms)")
-        axes[0, column].set_yscale("log")
-        axes[1, column].set_ylabel("mean TBT per request (ms)")
-        axes[1, column].set_yscale("log")
-        axes[2, column].set_ylabel("offline tok/s")
-        axes[2, column].set_xlabel("simulated seconds")
-    axes[0, 0].legend(fontsize=8)
-    fig.suptitle(f"Simulated co-location, {report['model']} on {report['hardware']}: online latency and "
-                 "offline throughput over time")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+                axes[2, column].step(at, rate, where="post", color=CONFIG_COLORS[config])
+        label_column(axes, column, f"{result['pattern']} arrivals, {result['rate_per_s']:g} req/s online",
+                     "offline tok/s", "simulated seconds")
+    save_figure(fig, axes, f"Simulated co-location, {report['model']} on {report['hardware']}: online latency and "
+                "offline throughput over time", path)
 
 
 def build_setup(args: argparse.Namespace) -> tuple[Setup, dict[str, Any]]:

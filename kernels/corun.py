@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from kernels.timing import synchronize
+from kernels.timing import median_seconds
 from sgl_blend.sim.overlap import fit_overlap
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -55,18 +54,6 @@ def _ops(tokens: int, batch: int, kv_len: int, hidden: int, ffn: int, device: to
     values = torch.randn(batch, KV_HEADS, kv_len, HEAD_DIM, device=device, dtype=dtype)
     return (lambda: torch.matmul(activations, weight),
             lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True))
-
-
-def _median(run: Callable[[], None], device: torch.device, repeats: int) -> float:
-    run()
-    synchronize(device)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        synchronize(device)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 @dataclass
@@ -129,17 +116,21 @@ def measure_corun(tokens: int, batch: int, kv_len: int, device: torch.device, dt
     """Each op alone and both together, ``loops`` launches each, so launch cost is amortised;
     with ``partitions``, also the best of the partitioned co-runs."""
     gemm, attention = _ops(tokens, batch, kv_len, hidden, ffn, device, dtype)
-    alone = [_median(lambda op=op: [op() for _ in range(loops)], device, repeats) for op in (gemm, attention)]
-    together = _median(_together(gemm, attention, device, loops), device, repeats)
+
+    def timed(run: Callable[[], object]) -> float:
+        return median_seconds(run, device, repeats, warmup=1)
+
+    alone = [timed(lambda op=op: [op() for _ in range(loops)]) for op in (gemm, attention)]
+    together = timed(_together(gemm, attention, device, loops))
     sample = CorunSample(tokens, batch, kv_len, alone[0] / loops, alone[1] / loops, together / loops)
     best: GreenPartition | None = None
     for partition in partitions:
-        seconds = _median(_together(gemm, attention, device, loops, partition.streams), device, repeats) / loops
+        seconds = timed(_together(gemm, attention, device, loops, partition.streams)) / loops
         if sample.partitioned_s is None or seconds < sample.partitioned_s:
             sample.partitioned_s, sample.gemm_sms, best = seconds, partition.gemm_sms, partition
     if best is not None:
         sample.gemm_on_partition_s, sample.attention_on_partition_s = (
-            _median(_on_stream(op, stream, device, loops), device, repeats) / loops
+            timed(_on_stream(op, stream, device, loops)) / loops
             for op, stream in zip((gemm, attention), best.streams))
     return sample
 

@@ -19,6 +19,7 @@ Both BROS policies run the same `sgl_blend.core.bros` code the SGLang plugin run
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
@@ -57,18 +58,18 @@ class Arrival:
     output_len: int
 
 
-class Policy:
+class Policy(ABC):
     """What the engine asks of a scheduler each iteration."""
 
-    def submit(self, request: BrosRequest) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def submit(self, request: BrosRequest) -> None: ...
 
+    @abstractmethod
     def step(self, now: float) -> tuple[list[BrosRequest], int]:
         """The requests that run now and the KV tokens swapped in for them."""
-        raise NotImplementedError
 
-    def done(self, now: float, finished: set[str], measured_s: float) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def done(self, now: float, finished: set[str], measured_s: float) -> None: ...
 
 
 class FifoPolicy(Policy):
