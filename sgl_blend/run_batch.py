@@ -226,6 +226,11 @@ def policy_launch(policy: str, hardware: str | None = None) -> tuple[list[str], 
     env = {HARDWARE_ENV: hardware} if hardware else {}
     if policy in ("lpm", "fcfs"):
         return ["--schedule-policy", policy], {**env, POLICY_ENV: OFF}
+    if policy == "blendserve":
+        # BlendServe's tree annotations live in the radix cache: evict the prefixes that no pending
+        # line will reuse first, since two scan sides keep two prefix families warm at once.
+        return ["--schedule-policy", "fcfs", "--radix-cache-backend", "sgl-blend", "--radix-eviction-policy",
+                "priority"], {**env, POLICY_ENV: policy}
     return ["--schedule-policy", "fcfs"], {**env, POLICY_ENV: policy}
 
 
