@@ -60,6 +60,15 @@ def sharegpt_lines(n: int = 1000, seed: int = 0, max_prompt_chars: int = 4000, m
     return lines
 
 
+def evaluation_lines(n: int, families: int = 32, unique_fraction: float = 0.25, seed: int = 0) -> list[dict]:
+    """An evaluation-style batch, shuffled: few-shot families (shared prefixes, short and long
+    outputs) and unique ShareGPT prompts, ``unique_fraction`` of the lines."""
+    unique = int(n * unique_fraction)
+    lines = fewshot_lines(n - unique, groups=families, seed=seed, chat=True) + sharegpt_lines(unique, seed=seed)
+    random.Random(seed + 1).shuffle(lines)
+    return lines
+
+
 def iter_sharegpt_conversations(limit: int | None = None) -> Iterator[dict]:
     """Conversations one at a time. The packaged file is a cut of the original JSON array, so
     it is decoded object by object and the truncated last object is dropped, not fatal."""

@@ -47,6 +47,35 @@ class LineTokenizer:
             logger.debug("line %d: tokenising its prompt failed (%s); placing it by its text", line.line_number, error)
             return self._text_ids(json.dumps(body, ensure_ascii=False, sort_keys=True))
 
+    def prompt_ids_batch(self, lines: Sequence[BatchLine]) -> list[list[int]]:
+        """Every line's prompt ids, with one batched call of the fast tokenizer: chat lines are
+        rendered by the chat template as text first. A line the batch cannot take (odd content,
+        token-id prompts) goes through `prompt_ids` alone."""
+        texts: list[str | None] = []
+        for line in lines:
+            try:
+                texts.append(self._prompt_text(line))
+            except Exception:  # a template error on odd content: tokenised alone below
+                texts.append(None)
+        batch = [text for text in texts if text is not None]
+        encoded = iter(self.tokenizer(batch, add_special_tokens=False)["input_ids"] if batch else [])
+        return [list(next(encoded)) if text is not None else self.prompt_ids(line) for line, text in zip(lines, texts)]
+
+    def _prompt_text(self, line: BatchLine) -> str | None:
+        body = line.body
+        if line.url == "/v1/chat/completions":
+            text = self.tokenizer.apply_chat_template(body.get("messages"), add_generation_prompt=True, tokenize=False)
+            return text if isinstance(text, str) else None
+        prompt = body.get("prompt") if line.url == "/v1/completions" else body.get("input")
+        if isinstance(prompt, str):
+            bos = self.tokenizer.bos_token if self._adds_bos() else None
+            return (bos or "") + prompt
+        return None
+
+    def _adds_bos(self) -> bool:
+        ids = self.tokenizer.encode("a", add_special_tokens=True)
+        return bool(ids) and ids[0] == self.tokenizer.bos_token_id
+
     def _chat_ids(self, messages: Any) -> list[int]:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some versions return a BatchEncoding

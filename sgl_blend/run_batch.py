@@ -1,10 +1,12 @@
 """`sgl-blend run-batch`: an offline job over an OpenAI batch file, through a real server.
 
-Lines go to the server as offline work, so the scheduler orders them (BlendServe by default),
-and results are appended to the output file the moment each finishes. The output and error
-files are the job's only state: a re-run skips every custom_id (and every failed line number)
-already written, so an interrupted job resumes without running a line twice. A wide window of
-lines is kept in flight because the scheduler can only order what it has been given. On a server
+Lines go to the server as offline work, and results are appended to the output file the moment
+each finishes. The output and error files are the job's only state: a re-run skips every
+custom_id (and every failed line number) already written, so an interrupted job resumes without
+running a line twice. With sgl-blend's policies (``blendserve``, ``dfs``) every unfinished line is
+planned first, globally (`LinePlanner`), and the lines are fed in plan order, each carrying its
+placement, so the scheduler admits by the whole batch's plan however few lines it holds. With
+SGLang's own orderings (``lpm``, ``fcfs``) lines go in file order. On a server
 with several DP ranks, the job's lines are cut into balanced shares of whole prefix subtrees
 (BlendServe's DP partition) and each line is sent with its rank's ``routed_dp_rank``.
 """
@@ -17,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, TextIO
 
 import aiohttp
 from tqdm import tqdm
@@ -28,10 +30,15 @@ from sgl_blend.offline import offline_headers
 
 if TYPE_CHECKING:
     from sgl_blend.core.cost_model import HardwareSpec
+    from sgl_blend.core.placement import Placement
+    from sgl_blend.line_plan import LinePlanner
     from sgl_blend.serve import ServerProcess
 
 RUN_BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
 POLICIES = ("blendserve", "dfs", "lpm", "fcfs")
+PLANNED_POLICIES = ("blendserve", "dfs")
+# Every policy runs with the same engine knobs: mixed prefill/decode batches, as the simulator models.
+ENGINE_FLAGS = ("--enable-mixed-chunk",)
 
 
 @dataclass
@@ -122,44 +129,110 @@ async def run_job(
     job_id: str = "run-batch",
     show_progress: bool = True,
     dp_ranks: Mapping[int, int] | None = None,
+    planner: LinePlanner | None = None,
 ) -> JobTotals:
-    """``dp_ranks``: line number -> the DP rank that runs it (none: SGLang's DP controller picks)."""
+    """``dp_ranks``: line number -> the DP rank that runs it (none: SGLang's DP controller picks).
+    ``planner``: plan every unfinished line first and feed them in plan order, each with its
+    placement (none: file order, for SGLang's own orderings)."""
     done_ids, done_lines = finished_keys(output_path, error_path)
     totals = JobTotals(seen_ids=set(done_ids))
-    todo = sum(1 for item in read_lines(input_path) if _needs_run(item, done_ids, done_lines))
     outputs, errors = JsonlAppender(output_path), JsonlAppender(error_path)
-    headers = {**offline_headers(job_id), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    bar = tqdm(total=todo, unit="req", disable=not show_progress, dynamic_ncols=True)
+    runnable: dict[int, BatchLine] = {}
+    invalid = 0
+    for item in read_lines(input_path):
+        if not _needs_run(item, done_ids, done_lines):
+            totals.skipped += 1
+        elif isinstance(item, LineError) or item.custom_id in totals.seen_ids:
+            _record_invalid(item, totals, errors)
+            invalid += 1
+        else:
+            totals.seen_ids.add(item.custom_id)
+            runnable[item.line_number] = item
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    bar = tqdm(total=len(runnable) + invalid, initial=invalid, unit="req", disable=not show_progress,
+               dynamic_ncols=True)
     start = time.monotonic()
-    window = asyncio.Semaphore(max_inflight)
-    tasks: set[asyncio.Task] = set()
     try:
         async with open_session(max_inflight, headers) as session:
-            for item in read_lines(input_path):
-                if not _needs_run(item, done_ids, done_lines):
-                    totals.skipped += 1
-                    continue
-                if isinstance(item, LineError) or item.custom_id in totals.seen_ids:
-                    _record_invalid(item, totals, errors)
-                    bar.update(1)
-                    continue
-                totals.seen_ids.add(item.custom_id)
-                await window.acquire()
-                rank = dp_ranks.get(item.line_number) if dp_ranks else None
-                task = asyncio.create_task(_send(session, base_url, item, totals, outputs, errors, rank))
-                task.add_done_callback(lambda done: _on_line_done(done, window, bar, totals, start))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks)
+            sender = _LineFeed(session, base_url, job_id, max_inflight, totals, outputs, errors, bar, start, dp_ranks)
+            if planner is None:
+                await sender.send((line, None) for line in runnable.values())
+            else:
+                await _send_by_plan(planner, runnable, sender)
     finally:
-        for task in tasks:
-            task.cancel()
         totals.seconds = time.monotonic() - start
         bar.close()
         outputs.close()
         errors.close()
     return totals
+
+
+async def _send_by_plan(planner: LinePlanner, lines: dict[int, BatchLine], feed: _LineFeed) -> None:
+    """Output-length samples first, as the paper runs them; once they are back, the rest of the
+    batch re-planned with their lengths, in the plan's feed order."""
+    items = await asyncio.to_thread(planner.work_items, lines)
+    plan = await asyncio.to_thread(planner.plan, list(items.values()))
+    if plan.samples:
+        lengths = await feed.send((lines[key], plan.placements[key]) for key in plan.samples)
+        sampled = set(plan.samples)
+        observed = {key: (items[key], length) for key, length in lengths.items()}
+        plan = await asyncio.to_thread(planner.plan, [item for key, item in items.items() if key not in sampled],
+                                       observed)
+    await feed.send((lines[key], plan.placements[key]) for key in plan.feed)
+
+
+class _LineFeed:
+    """Sends lines through a window of ``max_inflight`` and records each answer as it comes."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, job_id: str, max_inflight: int,
+                 totals: JobTotals, outputs: JsonlAppender, errors: JsonlAppender, bar: tqdm, start: float,
+                 dp_ranks: Mapping[int, int] | None) -> None:
+        self.session, self.base_url, self.job_id = session, base_url, job_id
+        self.window = asyncio.Semaphore(max_inflight)
+        self.totals, self.outputs, self.errors, self.bar, self.start = totals, outputs, errors, bar, start
+        self.dp_ranks = dp_ranks or {}
+
+    async def send(self, lines: Iterable[tuple[BatchLine, Placement | None]]) -> dict[int, int]:
+        """Send every line and wait for all; returns line number -> output tokens of those that
+        completed."""
+        lengths: dict[int, int] = {}
+        tasks: set[asyncio.Task] = set()
+        try:
+            for line, placement in lines:
+                await self.window.acquire()
+                task = asyncio.create_task(self._send_one(line, placement, lengths))
+                task.add_done_callback(self._done)
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        return lengths
+
+    async def _send_one(self, line: BatchLine, placement: Placement | None, lengths: dict[int, int]) -> None:
+        totals = self.totals
+        try:
+            outcome = await send_line(self.session, self.base_url, line, offline_headers(self.job_id, placement),
+                                      dp_rank=self.dp_ranks.get(line.line_number))
+        except WorkerUnreachable:
+            totals.not_run += 1
+            return
+        if not outcome.ok:
+            totals.failed += 1
+            self.errors.write(outcome.record)
+            return
+        totals.completed += 1
+        totals.usage += outcome.usage
+        lengths[line.line_number] = outcome.usage.completion_tokens
+        self.outputs.write(outcome.record)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.window.release()
+        if not task.cancelled():
+            self.bar.update(1)
+            _show_rate(self.bar, self.totals, self.start)
 
 
 def _needs_run(item: BatchLine | LineError, done_ids: set[str], done_lines: set[int]) -> bool:
@@ -176,29 +249,6 @@ def _record_invalid(item: BatchLine | LineError, totals: JobTotals, errors: Json
         errors.write(line_error_record(item))
     else:
         errors.write(line_error_record(duplicate_id_error(item.line_number, item.custom_id)))
-
-
-async def _send(session: aiohttp.ClientSession, base_url: str, line: BatchLine, totals: JobTotals,
-                outputs: JsonlAppender, errors: JsonlAppender, dp_rank: int | None = None) -> None:
-    try:
-        outcome = await send_line(session, base_url, line, dp_rank=dp_rank)
-    except WorkerUnreachable:
-        totals.not_run += 1
-        return
-    if not outcome.ok:
-        totals.failed += 1
-        errors.write(outcome.record)
-        return
-    totals.completed += 1
-    totals.usage += outcome.usage
-    outputs.write(outcome.record)
-
-
-def _on_line_done(task: asyncio.Task, window: asyncio.Semaphore, bar: tqdm, totals: JobTotals, start: float) -> None:
-    window.release()
-    if not task.cancelled():
-        bar.update(1)
-        _show_rate(bar, totals, start)
 
 
 def _show_rate(bar: tqdm, totals: JobTotals, start: float) -> None:
@@ -225,13 +275,13 @@ def policy_launch(policy: str, hardware: str | None = None) -> tuple[list[str], 
 
     env = {HARDWARE_ENV: hardware} if hardware else {}
     if policy in ("lpm", "fcfs"):
-        return ["--schedule-policy", policy], {**env, POLICY_ENV: OFF}
+        return [*ENGINE_FLAGS, "--schedule-policy", policy], {**env, POLICY_ENV: OFF}
     if policy == "blendserve":
         # BlendServe's tree annotations live in the radix cache: evict the prefixes that no pending
         # line will reuse first, since two scan sides keep two prefix families warm at once.
-        return ["--schedule-policy", "fcfs", "--radix-cache-backend", "sgl-blend", "--radix-eviction-policy",
-                "priority"], {**env, POLICY_ENV: policy}
-    return ["--schedule-policy", "fcfs"], {**env, POLICY_ENV: policy}
+        return [*ENGINE_FLAGS, "--schedule-policy", "fcfs", "--radix-cache-backend", "sgl-blend",
+                "--radix-eviction-policy", "priority"], {**env, POLICY_ENV: policy}
+    return [*ENGINE_FLAGS, "--schedule-policy", "fcfs"], {**env, POLICY_ENV: policy}
 
 
 def run_on_fresh_server(
@@ -258,7 +308,7 @@ def run_on_fresh_server(
     flags, env = policy_launch(policy, hardware)
     server = start_server(model, ["--enable-cache-report", *flags, *sglang_args], log_path=server_log, extra_env=env)
     try:
-        return run_on_server(server, input_path, output_path, error_path, hardware=hardware,
+        return run_on_server(server, input_path, output_path, error_path, hardware=hardware, policy=policy,
                              show_progress=show_progress, max_inflight=max_inflight, while_running=while_running)
     finally:
         server.stop()
@@ -271,27 +321,35 @@ def run_on_server(
     error_path: Path,
     *,
     hardware: str | None = None,
+    policy: str | None = None,
     show_progress: bool = True,
     max_inflight: int = 1024,
     while_running: Callable[[ServerProcess], None] | None = None,
 ) -> tuple[JobTotals, dict[str, Any]]:
-    """Run the job on a running server, its lines spread over the server's DP ranks."""
+    """Run the job on a running server, its lines spread over the server's DP ranks. A
+    ``policy`` of `PLANNED_POLICIES` plans the whole job first and feeds it in plan order."""
     import threading
 
     from sgl_blend.launch_args import flag_value
+    from sgl_blend.line_plan import LinePlanner
     from sgl_blend.sglang_plugin.scheduler_hooks import configured_hardware
 
     info = server_info(server)
+    model_path = flag_value(server.argv, "--model-path")
+    device = configured_hardware(int(info.get("tp_size") or 1), hardware)
     dp_ranks = None
     if int(info.get("dp_size") or 1) > 1:
-        dp_ranks = plan_dp_ranks(input_path, finished_keys(output_path, error_path)[0],
-                                 flag_value(server.argv, "--model-path"),
-                                 configured_hardware(int(info.get("tp_size") or 1), hardware), int(info["dp_size"]))
+        dp_ranks = plan_dp_ranks(input_path, finished_keys(output_path, error_path)[0], model_path, device,
+                                 int(info["dp_size"]))
+    planner = None
+    if policy in PLANNED_POLICIES:
+        planner = LinePlanner(model_path, device, blend=None if policy == "blendserve" else False)
     side_thread = threading.Thread(target=while_running, args=(server,)) if while_running else None
     if side_thread:
         side_thread.start()
     totals = asyncio.run(run_job(input_path, output_path, error_path, server.base_url, api_key=server.api_key,
-                                 max_inflight=max_inflight, show_progress=show_progress, dp_ranks=dp_ranks))
+                                 max_inflight=max_inflight, show_progress=show_progress, dp_ranks=dp_ranks,
+                                 planner=planner))
     if side_thread:
         side_thread.join()
     return totals, scheduler_plugin_state(server)

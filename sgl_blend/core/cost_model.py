@@ -27,6 +27,14 @@ CLIP_MAX_NEW_TOKENS = 4096
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
+# How much of the shorter of a GEMM and a decode attention co-running still costs
+# (``T = max + lambda * min``), fitted on a GEMM/attention grid by `bench.device_calibration`
+# (``bench/results/calibration_h100.json``). Two plain CUDA streams, which is how stock SGLang runs
+# work side by side, measure 0.90 on the H100 (SM-partitioned green contexts also measure 0.90);
+# only the bound of each op timed alone on its SM partition -- NanoFlow-class overlap with no
+# contention -- fits 0.24. A device without its own calibration takes the two-stream figure.
+TWO_STREAM_INTERFERENCE = 0.90
+PARTITION_BOUND_INTERFERENCE = 0.24
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
 
 
@@ -90,12 +98,20 @@ def model_spec(name_or_path: str) -> ModelSpec:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """Achievable throughput of one device (or of a TP group once `scaled`)."""
+    """Achievable throughput of one device (or of a TP group once `scaled`), and the measured
+    co-run interference of its compute and memory kernels (see `TWO_STREAM_INTERFERENCE`): at
+    1.0 nothing overlaps, and blending compute- with memory-heavy work buys nothing."""
 
     name: str
     flops: float
     bandwidth: float
     kv_memory_bytes: float
+    corun_interference: float = TWO_STREAM_INTERFERENCE
+
+    @property
+    def blending_pays(self) -> bool:
+        """Whether overlapping compute with memory can shorten a step at all on this device."""
+        return self.corun_interference < 1.0
 
     def scaled(self, tp: int) -> HardwareSpec:
         """A TP group of ``tp`` devices: compute, bandwidth and KV memory all scale with it."""
@@ -110,7 +126,8 @@ class HardwareSpec:
     @classmethod
     def from_json(cls, path: str | Path) -> HardwareSpec:
         data = json.loads(Path(path).read_text())
-        return cls(data["name"], float(data["flops"]), float(data["bandwidth"]), float(data["kv_memory_bytes"]))
+        return cls(data["name"], float(data["flops"]), float(data["bandwidth"]), float(data["kv_memory_bytes"]),
+                   float(data.get("corun_interference", TWO_STREAM_INTERFERENCE)))
 
     @classmethod
     def resolve(cls, name_or_path: str) -> HardwareSpec:
@@ -130,6 +147,10 @@ BUILTIN_HARDWARE: dict[str, HardwareSpec] = {
     "a100-80g": HardwareSpec("a100-80g", 312e12, 2.039e12, 60 * GIB),
     "h100-sxm": HardwareSpec("h100-sxm", 989e12, 3.35e12, 60 * GIB),
     "h200": HardwareSpec("h200", 989e12, 4.8e12, 120 * GIB),
+    # This 2-core CPU as `python -m bench.device_calibration --device cpu --quick` measured it
+    # (bench/results/calibration_cpu.json): a GEMM and a decode attention in two threads take
+    # 1.36x the longer one plus the shorter one, so nothing overlaps; KV is SGLang's CPU default pool.
+    "cpu": HardwareSpec("cpu", 0.1e12, 9e9, 65536 * 2 * 2 * 64 * 2, corun_interference=1.36),
 }
 
 

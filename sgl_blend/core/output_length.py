@@ -28,20 +28,35 @@ class OutputLengthEstimator:
         self._limit: dict[int, int] = {}
         self._exact: set[int] = set()
         self._observed: dict[int, int] = {}
+        self._planned: dict[int, int] = {}
         self.sampled: set[int] = set()
         self._unobserved_samples = 0
 
-    def register(self, request: int, max_new_tokens: int, exact: bool) -> bool:
-        """Record a request's bound; returns whether it was chosen as a sample."""
+    def register(self, request: int, max_new_tokens: int, exact: bool, planned: int | None = None) -> bool:
+        """Record a request's bound; returns whether it was chosen as a sample. ``planned`` is
+        the length a global plan already estimated for it: it stands until the real one is known,
+        and the request is never sampled here (the plan sampled its batch)."""
         self._limit[request] = max_new_tokens
         if exact:
             self._exact.add(request)
+            return False
+        if planned is not None:
+            self._planned[request] = planned
             return False
         if self._rng.random() < self.sample_rate:
             self.sampled.add(request)
             self._unobserved_samples += 1
             return True
         return False
+
+    def add_observed_sample(self, request: int, max_new_tokens: int, output_len: int) -> None:
+        """A sample that already ran (in an earlier phase of the same plan): it informs its
+        neighbours' estimates like any other observed sample."""
+        self.register(request, max_new_tokens, exact=False)
+        if request not in self.sampled:
+            self.sampled.add(request)
+            self._unobserved_samples += 1
+        self.observe(request, output_len)
 
     def forget(self, request: int) -> None:
         """Drop a request's bookkeeping; its sample, if observed, stays in the tree's aggregates
@@ -52,6 +67,7 @@ class OutputLengthEstimator:
         self._exact.discard(request)
         self.sampled.discard(request)
         self._observed.pop(request, None)
+        self._planned.pop(request, None)
 
     def observe(self, request: int, output_len: int) -> None:
         """Feed back a finished request's real length; a sample's updates its subtree means."""
@@ -75,6 +91,8 @@ class OutputLengthEstimator:
             return limit
         if request in self._observed:
             return self._observed[request]
+        if request in self._planned:
+            return self._planned[request]
         node = self.tree.node_of.get(request)
         while node is not None:
             if node.sample_count:

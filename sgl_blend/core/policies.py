@@ -9,6 +9,10 @@ differ only in how they order the pending requests:
 - ``fcfs``: arrival order, one cursor;
 - ``random``: a seeded shuffle, one cursor (the "balance" baseline).
 
+A request that arrives with a `Placement` was planned outside the engine over its whole batch;
+the policy admits such requests by their placement and never re-plans them from the few it
+holds (its own order covers only unplaced requests, scanned between the placed sides).
+
 A single-cursor policy is a dual scan whose memory side is empty, which the scanner handles as
 its one-side-empty case by giving the compute side all of the memory.
 """
@@ -23,12 +27,13 @@ from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.dual_scan import COMPUTE, DualScanner
 from sgl_blend.core.scan_load import Load
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
+from sgl_blend.core.placement import MEMORY, SAMPLE, Placement
 from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, Planner
 from sgl_blend.core.prefix_tree import PrefixTree
 from sgl_blend.core.protocol import OfflineRequest
 
 REPLAN_FRACTION = 0.05
-SAMPLE_SIDE = "sample"
+SAMPLE_SIDE = SAMPLE
 
 
 class PlannedPolicy(ABC):
@@ -39,9 +44,12 @@ class PlannedPolicy(ABC):
     paces_prefill = False
 
     def __init__(self, cost_model: CostModel, *, seed: int = 0, replan_fraction: float = REPLAN_FRACTION,
-                 sample_rate: float | None = None) -> None:
+                 sample_rate: float | None = None, paced: bool | None = None) -> None:
         self.cost_model = cost_model
         self.sample_rate = self.default_sample_rate if sample_rate is None else sample_rate
+        # ``paced`` overrides the class default, so any order can run with BlendServe's Alg. 3
+        # prefill pacing (the "DFS + the same pacing" baseline) and BlendServe without it.
+        self.paces_prefill = self.paces_prefill if paced is None else paced
         self.seed = seed
         self.replan_fraction = replan_fraction
         self.tree = PrefixTree()
@@ -59,6 +67,7 @@ class PlannedPolicy(ABC):
         self._estimates_stale = False
         self._proposed: dict[int, str] = {}
         self._reuse: dict[int, int] = {}
+        self._placement: dict[int, Placement] = {}
         self.scanner: DualScanner | None = None
         self.last_plan: Plan | None = None
         self.plans = 0
@@ -77,7 +86,12 @@ class PlannedPolicy(ABC):
             self._requests[index] = request
             self._index[request.rid] = index
             self._arrival.append(index)
-            sampled = self.estimator.register(index, request.max_new_tokens, request.exact_output_len)
+            placement = request.placement
+            if placement is not None:
+                self._placement[index] = placement
+            sampled = self.estimator.register(index, request.max_new_tokens, request.exact_output_len,
+                                              placement.output if placement is not None else None)
+            sampled = sampled or (placement is not None and placement.side == SAMPLE_SIDE)
             output = self.estimator.estimate(index)
             prompt = len(request.prompt_ids)
             self.tree.insert(index, request.prompt_ids, self.cost_model.comp_time(prompt, output),
@@ -126,7 +140,10 @@ class PlannedPolicy(ABC):
                                       self.cost_model.mem_time(prompt, output))
             self._estimates_stale = False
         sampling = set(self._samples)
-        plan = self._order(lambda index: index in self._pending and index not in sampling)
+        plan = self._order(lambda index: index in self._pending and index not in sampling
+                           and index not in self._placement)
+        plan = self._with_placed(plan, [index for index in self._pending
+                                        if index in self._placement and index not in sampling])
         self._reuse = plan.reuse
         scanner = DualScanner(plan.order, plan.boundary, self.capacity, self.load, paced=self.paces_prefill)
         if self.scanner is not None:
@@ -135,6 +152,18 @@ class PlannedPolicy(ABC):
         self.last_plan = plan
         self.plans += 1
         self._unplanned.clear()
+
+    def _with_placed(self, plan: Plan, placed: list[int]) -> Plan:
+        """The plan with the placed requests around it: their compute side first, by position,
+        and their memory side last, so the memory cursor meets its highest position first."""
+        if not placed:
+            return plan
+        placed.sort(key=lambda index: self._placement[index].position)
+        compute = [index for index in placed if self._placement[index].side != MEMORY]
+        memory = [index for index in placed if self._placement[index].side == MEMORY]
+        order = compute + plan.order + memory
+        return Plan(order, len(compute) + plan.boundary, plan.root_density, plan.splits, plan.sharing_kept,
+                    plan.reuse)
 
     def prefill_token_budget(self) -> int | None:
         """Prefill tokens the engine should put in the next iteration; None keeps its default."""
@@ -221,6 +250,7 @@ class PlannedPolicy(ABC):
         self._forget(index)
 
     def _forget(self, index: int) -> None:
+        self._placement.pop(index, None)
         self.tree.remove(index)
         self.estimator.forget(index)
         del self._requests[index]
@@ -242,15 +272,26 @@ class PlannedPolicy(ABC):
 
 
 class BlendServePolicy(PlannedPolicy):
+    """On a device whose measured co-run overlap hides nothing (`HardwareSpec.blending_pays`
+    false, as on a CPU), blending compute- with memory-heavy work cannot shorten a step: the
+    policy then orders by prefix with one cursor, samples nothing and paces nothing, which is
+    the best an order can do there (never worse than DFS)."""
+
     name = "blendserve"
     default_sample_rate = DEFAULT_SAMPLE_RATE
     paces_prefill = True
 
     def __init__(self, cost_model: CostModel, *, split_threshold: float = DEFAULT_SPLIT_THRESHOLD, **kwargs) -> None:
         self.split_threshold = split_threshold
+        self.blends = cost_model.hardware.blending_pays
+        if not self.blends:
+            kwargs.setdefault("paced", False)
+            kwargs.setdefault("sample_rate", 0.0)
         super().__init__(cost_model, **kwargs)
 
     def _order(self, include: Callable[[int], bool]) -> Plan:
+        if not self.blends:
+            return _dfs_plan(self.tree, include)
         return Planner(self.tree, include, self.split_threshold).plan()
 
     def admission_side(self, rid: str) -> str | None:
@@ -262,12 +303,16 @@ class BlendServePolicy(PlannedPolicy):
         return self.scanner.side(index) if self.scanner else None
 
 
+def _dfs_plan(tree: PrefixTree, include: Callable[[int], bool]) -> Plan:
+    order = [index for index in tree.dfs_order() if include(index)]
+    return Plan(order, len(order), 0.0, 0, 1.0)
+
+
 class DFSPolicy(PlannedPolicy):
     name = "dfs"
 
     def _order(self, include: Callable[[int], bool]) -> Plan:
-        order = [index for index in self.tree.dfs_order() if include(index)]
-        return Plan(order, len(order), 0.0, 0, 1.0)
+        return _dfs_plan(self.tree, include)
 
 
 class FCFSPolicy(PlannedPolicy):

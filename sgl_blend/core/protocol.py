@@ -11,19 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
+from sgl_blend.core.placement import Placement
+
 
 @dataclass(frozen=True, slots=True)
 class OfflineRequest:
     """An offline request as the policy sees it: token ids and an output-length bound.
 
     `exact_output_len` is true when the output length is known in advance (``ignore_eos`` with
-    ``max_new_tokens``): such a request needs no output-length sample.
+    ``max_new_tokens``): such a request needs no output-length sample. ``placement`` is its place
+    in a global plan made outside the engine; a policy admits placed requests by it.
     """
 
     rid: str
     prompt_ids: Sequence[int]
     max_new_tokens: int
     exact_output_len: bool = False
+    placement: Placement | None = None
 
 
 class AdmissionPolicy(Protocol):

@@ -15,10 +15,12 @@ from collections import Counter, deque
 from typing import Any, Iterable, Protocol
 
 from sgl_blend.core.kv_priority import ReuserIndex
+from sgl_blend.core.policy_log import RecordedPolicy
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
-from sgl_blend.offline import is_offline
+from sgl_blend.offline import is_offline, placement_of
 
 RECORD_LENGTH = 512
+ADMISSION_RECORD_LENGTH = 20_000
 MAX_PROPOSAL = 128
 
 
@@ -41,16 +43,18 @@ def to_offline_request(req: SchedulerReq) -> OfflineRequest:
         prompt_ids=tuple(req.origin_input_ids),
         max_new_tokens=int(params.max_new_tokens),
         exact_output_len=bool(params.ignore_eos),
+        placement=placement_of(req.routing_key),
     )
 
 
 class OfflinePool:
     """``reusers``, when given, counts the unfinished offline prompts per shared prefix for the
-    radix cache's Echo priorities."""
+    radix cache's Echo priorities. ``record_calls`` keeps every call on the policy (see
+    `RecordedPolicy`), for replaying a run through the simulator's policy driver."""
 
     def __init__(self, policy: AdmissionPolicy, policy_name: str, kv_capacity: int,
-                 reusers: ReuserIndex | None = None) -> None:
-        self.policy = policy
+                 reusers: ReuserIndex | None = None, record_calls: bool = False) -> None:
+        self.policy = RecordedPolicy(policy) if record_calls else policy
         self.reusers = reusers
         self.policy_name = policy_name
         policy.set_kv_capacity(kv_capacity)
@@ -59,6 +63,9 @@ class OfflinePool:
         self._proposed: set[str] = set()
         self._iteration = 0
         self._records: deque[dict[str, Any]] = deque(maxlen=RECORD_LENGTH)
+        # per admission: [iteration, rid, side, plan position, prefill tokens, prefill cap]
+        self.admissions: deque[list[Any]] = deque(maxlen=ADMISSION_RECORD_LENGTH)
+        self.prefill_cap: int | None = None
         self.counts: Counter[str] = Counter()
         self.plan_seconds = 0.0
 
@@ -109,6 +116,10 @@ class OfflinePool:
         """Online requests always; offline requests only when the policy proposed them."""
         return not is_offline(req.routing_key) or req.rid in self._proposed
 
+    def prefill_budget(self) -> int | None:
+        """The policy's prefill tokens for this iteration (None: SGLang's chunk stands)."""
+        return self.policy.prefill_token_budget()
+
     def on_admitted(self, req: SchedulerReq, tree_cache: Any = None) -> None:
         if req.rid in self._pending:
             annotation = self.policy.annotation(req.rid)
@@ -116,6 +127,10 @@ class OfflinePool:
             self._running.add(req.rid)
             self.policy.admitted([req.rid])
             self.counts["admitted"] += 1
+            placement = placement_of(req.routing_key)
+            self.admissions.append([self._iteration, req.rid, self.policy.admission_side(req.rid),
+                                    placement.position if placement else None,
+                                    int(getattr(req, "extend_input_len", 0) or 0), self.prefill_cap])
             annotate = getattr(tree_cache, "annotate_path", None)
             if annotate is not None and annotation is not None and getattr(req, "last_node", None) is not None:
                 self.counts["annotated_nodes"] += annotate(req.last_node, *annotation)
@@ -155,4 +170,6 @@ class OfflinePool:
             "counts": dict(self.counts),
             "plan_seconds": round(self.plan_seconds, 4),
             "iterations": list(self._records),
+            "admissions": list(self.admissions),
+            **({"policy_calls": self.policy.events} if isinstance(self.policy, RecordedPolicy) else {}),
         }

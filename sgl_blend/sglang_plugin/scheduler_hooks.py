@@ -26,6 +26,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from sgl_blend.core.prefill_room import prefill_room
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import bros_hooks
 from sgl_blend.sglang_plugin import colocation_hooks as colocation
@@ -39,8 +40,10 @@ if TYPE_CHECKING:
 POLICY_ENV = "SGLBLEND_OFFLINE_POLICY"
 HARDWARE_ENV = "SGLBLEND_HARDWARE"
 UTILITY_ENV = "SGLBLEND_PSM_UTILITY"
+RECORD_CALLS_ENV = "SGLBLEND_RECORD_POLICY_CALLS"
 DEFAULT_POLICY = "blendserve"
 DEFAULT_HARDWARE = "a100-80g"
+CPU_HARDWARE = "cpu"
 OFF = "off"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 STATE_KEY = "sgl_blend"
@@ -101,16 +104,21 @@ def _create_pool(tree_cache: Any) -> OfflinePool | None:
     options = {"utility": float(os.environ[UTILITY_ENV])} if name == PSMPolicy.name and UTILITY_ENV in os.environ else {}
     state = colocation.active_colocation()
     reusers = ReuserIndex() if state is not None and state.controller.config.kv_priorities else None
-    return OfflinePool(make_offline_policy(name, model, hardware, **options), name, capacity, reusers)
+    return OfflinePool(make_offline_policy(name, model, hardware, **options), name, capacity, reusers,
+                       record_calls=os.environ.get(RECORD_CALLS_ENV) == "1")
 
 
 def configured_hardware(tp_size: int = 1, name: str | None = None) -> HardwareSpec:
     """The device ``name`` (by default the one `sgl-blend serve --hardware` passed down as
     ``SGLBLEND_HARDWARE``) as one scheduler sees it: a TP group of ``tp_size`` devices has that
-    many times the compute, bandwidth and KV memory of one."""
+    many times the compute, bandwidth and KV memory of one. Without CUDA the default is the
+    measured ``cpu`` profile, whose overlap makes BlendServe order by prefix with one cursor."""
     from sgl_blend.core.cost_model import HardwareSpec
 
-    return HardwareSpec.resolve(name or os.environ.get(HARDWARE_ENV, DEFAULT_HARDWARE)).scaled(tp_size)
+    from sgl_blend.cpu_compat import cuda_present
+
+    default = DEFAULT_HARDWARE if cuda_present() else CPU_HARDWARE
+    return HardwareSpec.resolve(name or os.environ.get(HARDWARE_ENV, default)).scaled(tp_size)
 
 
 def _calc_priority(original: Callable, policy: Any, waiting_queue: list, *args: Any, **kwargs: Any) -> Any:
@@ -144,6 +152,18 @@ def _may_admit(req: Any) -> bool | None:
 @_guarded
 def _pool_may_admit(req: Any) -> bool:
     return _pool.may_admit(req)
+
+
+@_guarded
+def _cap_prefill(adder: Any, chunk: int | None) -> None:
+    """Apply the policy's per-iteration prefill budget (Alg. 3's ``C_L + C_R``) to SGLang's
+    chunk, by the rule the simulator uses (`prefill_room`)."""
+    budget = _pool.prefill_budget()
+    if chunk is not None and budget is not None and adder.rem_chunk_tokens > 0:
+        decodes = chunk - adder.rem_chunk_tokens
+        adder.rem_chunk_tokens = prefill_room(chunk, decodes, budget)
+        adder.rem_input_tokens = min(adder.rem_input_tokens, adder.rem_chunk_tokens)
+    _pool.prefill_cap = adder.rem_chunk_tokens
 
 
 @_guarded
@@ -229,7 +249,12 @@ def _blend_prefill_adder_class() -> type:
 
     class BlendPrefillAdder(PrefillAdder):
         """SGLang's adder, admitting offline work only in the order the policy proposed and, when
-        co-locating, only within the iteration's plan."""
+        co-locating, only within the iteration's plan; its prefill room is the policy's."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            chunk = args[6] if len(args) > 6 else kwargs.get("rem_chunk_tokens")
+            _cap_prefill(self, chunk)
 
         def add_chunked_req(self, req: Any) -> Any:
             limit = colocation.chunked_limit(req)
