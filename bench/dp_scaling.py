@@ -21,7 +21,7 @@ from typing import Any
 from bench.workloads.mixer import TABLE2_TRACES, mix
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.dp_shares import WorkItem, plan_shares
-from sgl_blend.sim.overlap import DEFAULT_INTERFERENCE, overlap_function
+from sgl_blend.sim.overlap import hardware_overlap
 from sgl_blend.sim.run import simulate
 
 RESULTS = Path(__file__).parent / "results"
@@ -33,7 +33,7 @@ PAPER_TABLE3 = {"trace1": {2: 1.85, 4: 3.78}, "trace2": {2: 1.93, 4: 3.86},
 def scale_trace(trace: str, n: int, ranks: tuple[int, ...], seed: int, contiguous: bool) -> dict[str, Any]:
     model, hardware = model_spec("llama-3.1-8b"), HardwareSpec.resolve("a100-80g")
     cost = CostModel(model, hardware)
-    overlap = overlap_function("interference", DEFAULT_INTERFERENCE)
+    overlap = hardware_overlap(hardware)
     requests = mix(n, *TABLE2_TRACES[trace], cost, seed)
     items = [WorkItem(index, request.prompt_ids(), request.max_new_tokens, request.exact)
              for index, request in enumerate(requests)]

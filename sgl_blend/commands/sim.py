@@ -15,14 +15,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="trace2",
                         help="trace1..trace4 (Table 2), DENSITY:SHARING (e.g. 1.2:0.25), sharegpt, or a workload JSONL")
     parser.add_argument("--n", type=int, default=40000, help="requests in a generated workload")
-    parser.add_argument("--policy", default="blendserve", help="comma-separated: blendserve, dfs, fcfs, random, lpm")
+    parser.add_argument("--policy", default="blendserve",
+                        help="comma-separated: blendserve, dfs, fcfs, random, lpm, and the ablation variants "
+                             "dfs+pacing, blendserve-order, fcfs-shuffled")
     parser.add_argument("--model", default="llama-3.1-8b", help="built-in model name or HF model directory")
     parser.add_argument("--hardware", default="a100-80g", help="a100-80g, h100-sxm, h200, or a profile JSON")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree, as a hardware scale")
     parser.add_argument("--overlap", default="interference", choices=("sum", "max", "interference", "fitted"))
-    parser.add_argument("--interference", type=float, default=None, help="weight of the smaller term (default 0.15)")
+    parser.add_argument("--interference", type=float, default=None,
+                        help="lambda, the weight of the smaller term (default: the hardware profile's measured "
+                             "corun_interference, 0.90 for two streams; 0.24 is the nanoflow-bound setting)")
     parser.add_argument("--fitted", default=None, help="a,b,k of the fitted overlap a*max + b*min + k")
-    parser.add_argument("--token-budget", type=int, default=2048, help="tokens per iteration (decode + prefill)")
+    parser.add_argument("--token-budget", type=int, default=2048,
+                        help="the engine's prefill chunk, shared with decodes; the same for every policy")
     parser.add_argument("--max-running", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save-workload", type=Path, default=None, help="write the generated workload as JSONL")
@@ -49,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
     from sgl_blend.sim.engine import EngineConfig
     from sgl_blend.sim.metrics import compare_to, summarise, workload_bound
-    from sgl_blend.sim.overlap import DEFAULT_INTERFERENCE, overlap_function
+    from sgl_blend.sim.overlap import hardware_overlap
     from sgl_blend.sim.plot import binned, plot_steps
     from sgl_blend.sim.run import SIM_POLICIES, simulate
 
@@ -61,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
     model, hardware = model_spec(args.model), HardwareSpec.resolve(args.hardware).scaled(args.tp)
     cost = CostModel(model, hardware)
     fitted = tuple(float(part) for part in args.fitted.split(",")) if args.fitted else None
-    overlap = overlap_function(args.overlap, DEFAULT_INTERFERENCE if args.interference is None else args.interference,
-                               fitted)
+    overlap = hardware_overlap(hardware, args.overlap, args.interference, fitted)
     requests, meta = load_workload(args.workload, args.n, cost, args.seed)
     if args.save_workload:
         io.save_jsonl(requests, args.save_workload, meta)

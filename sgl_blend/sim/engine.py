@@ -10,14 +10,20 @@ Each iteration, as SGLang's scheduler does it:
    Shared prompt segments come from the radix cache when resident (LRU eviction of unreferenced
    ones makes room).
 2. One mixed step: every decoding request produces a token; prefill chunks -- the one carried
-   over first, then the new ones, the last possibly cut -- fill the prefill room, which is the
-   token budget less the decodes (a dense batch, as NanoFlow runs it), or the policy's own
-   ``prefill_token_budget`` when it paces prefill (BlendServe's ``C_L + C_R``).
-3. Time: ``f(comp, mem)`` from the cost model's per-token terms, so a whole run under ``f = sum``
-   adds up to exactly ``T_comp + T_mem`` of what was executed. The policy is told how many
-   iterations ran (``advance``), its clock for per-iteration pacing.
+   over first, then the new ones, the last possibly cut -- fill the prefill room. The room is
+   `prefill_room` (the rule the SGLang plugin calls too): the engine's chunk
+   (``EngineConfig.token_budget``, a setting swept alike for every policy) less the decodes,
+   capped by the policy's ``prefill_token_budget`` when it paces prefill (Alg. 3's ``C_L + C_R``).
+3. Time: ``f(comp, mem)`` with both sides priced by `IterationCost`: the linear layers cost
+   ``max(tokens * 2P / FLOPs, weight read)``, so a small decode-only batch is weight-bandwidth
+   bound, plus prefill attention; the memory side is the decodes' KV reads. The schedule never
+   depends on time, so one run is priced under several overlap functions at once
+   (``also_price``), e.g. both measured lambdas. The policy is told how many iterations ran
+   (``advance``), its clock for per-iteration pacing.
 4. KV that would overflow retracts requests (fewest decoded tokens first, like SGLang); they keep
    their output and recompute prompt and output as prefill when they return.
+5. A finished request's unique tail and output stay in the radix cache as evictable leaves (as
+   SGLang's tree keeps them) until LRU eviction takes them, so prefix sharing depends on order.
 
 Only the engine knows true output lengths, and it uses them only to stop a request. Long
 decode-only stretches, when the policy proposes nothing that fits, run in closed form up to the
@@ -35,7 +41,9 @@ import numpy as np
 from sgl_blend.core.cost_model import (
     CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY_STEPS, CostModel,
 )
+from sgl_blend.core.prefill_room import prefill_room
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
+from sgl_blend.sim.iteration_cost import IterationCost
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.metrics import SimResult, StepTrace
 from sgl_blend.sim.overlap import OverlapFunction
@@ -44,7 +52,8 @@ from sgl_blend.sim.workload import SimRequest
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Engine limits. ``kv_capacity`` None means what the hardware's KV memory holds."""
+    """Engine limits. ``kv_capacity`` None means what the hardware's KV memory holds;
+    ``token_budget`` is the prefill chunk (SGLang's ``chunked_prefill_size``) that decodes share."""
 
     kv_capacity: int | None = None
     token_budget: int = 2048
@@ -57,17 +66,16 @@ class EngineConfig:
 
 class SimEngine:
     def __init__(self, cost: CostModel, policy: AdmissionPolicy, overlap: OverlapFunction,
-                 config: EngineConfig = EngineConfig()) -> None:
+                 config: EngineConfig = EngineConfig(), also_price: Sequence[OverlapFunction] = ()) -> None:
         self.cost = cost
         self.policy = policy
         self.overlap = overlap
+        # The primary overlap first; the run's seconds under each land in `SimResult.seconds_under`.
+        self.overlaps = (overlap, *(extra for extra in also_price if extra.name != overlap.name))
         self.config = config
         self.capacity = config.kv_capacity or cost.kv_capacity_tokens()
-        model, hardware = cost.model, cost.hardware
-        self._token_comp = 2.0 * model.params / hardware.flops
         # Chunks add up to p^2 / 2 query-key pairs per prompt; 8 H L per pair is the model's 4 p^2 H L.
-        self._attn_comp = 8.0 * model.hidden * model.layers / hardware.flops
-        self._kv_read = model.kv_dim * model.layers * 2 * model.dtype_bytes / hardware.bandwidth
+        self.step = IterationCost.of(cost)
         self._ratio_decay = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
 
     def run(self, requests: Sequence[SimRequest], on_finish: Callable[[int], None] | None = None) -> SimResult:
@@ -110,6 +118,7 @@ class _Run:
         self.finished: dict[str, int] = {}
         self.trace = StepTrace()
         self.clock = self.comp_total = self.mem_total = 0.0
+        self.clocks = [0.0] * len(engine.overlaps)
         self.cached = self.iterations = self.retractions = self.peak_kv = 0
 
     @property
@@ -133,12 +142,11 @@ class _Run:
         return SimResult(getattr(self.policy, "name", type(self.policy).__name__), self.clock,
                          sum(r.prompt_len for r in requests), sum(r.output_len for r in requests), self.cached,
                          self.comp_total, self.mem_total, self.iterations, self.retractions, self.peak_kv,
-                         self.capacity, self.admitted_order, self.finished, self.trace)
+                         self.capacity, self.admitted_order, self.finished, self.trace,
+                         {overlap.name: clock for overlap, clock in zip(self.engine.overlaps, self.clocks)})
 
     def _prefill_room(self, n_decode: int) -> int:
-        room = self.cfg.token_budget - n_decode
-        paced = self.policy.prefill_token_budget()
-        return max(min(room, paced) if paced is not None else room, 0)
+        return prefill_room(self.cfg.token_budget, n_decode, self.policy.prefill_token_budget())
 
     def _reserve(self) -> float:
         active = self.active
@@ -216,39 +224,49 @@ class _Run:
         decoding = self._make_room(decoding)
         n_decode = len(decoding)
         room = self._prefill_room(n_decode)
-        comp = n_decode * engine._token_comp
+        tokens, pairs = n_decode, 0.0
         while self.prefill_queue and room > 0:
             slot = self.prefill_queue[0]
             chunk = min(int(self.prefill_left[slot]), room)
             before = int(self.done_before[slot])
-            comp += chunk * engine._token_comp + engine._attn_comp * chunk * (before + chunk / 2.0)
+            tokens += chunk
+            pairs += chunk * (before + chunk / 2.0)
             self.prefill_left[slot] -= chunk
             self.done_before[slot] = before + chunk
             room -= chunk
             if self.prefill_left[slot] == 0:
                 self.prefill_queue.pop(0)
-        mem = float((self.prompt[decoding] + self.decoded[decoding]).sum()) * engine._kv_read
-        self._account(1, comp, mem, engine.overlap(comp, mem))
+        comp = engine.step.compute_side(tokens, pairs)
+        mem = engine.step.memory_side(float((self.prompt[decoding] + self.decoded[decoding]).sum()))
+        self._account(1, comp, mem, [overlap(comp, mem) for overlap in engine.overlaps])
         self._advance(decoding, 1)
 
     def _decode_stretch(self, decoding: np.ndarray) -> None:
         """Decode-only steps up to the next finish (or KV exhaustion), in closed form."""
         engine = self.engine
         n = len(decoding)
-        headroom = self.capacity - self.kv_used
+        # Finished requests' cached tails are evictable: a stretch may take their room.
+        headroom = self.capacity - self.kv_used + self.cache.evictable
         steps = int((self.target[decoding] - self.decoded[decoding]).min())
         steps = max(1, min(steps, self.cfg.max_stretch, headroom // (n * self.cfg.page_size)))
         if steps == 1:
             self._mixed_step(decoding)
             return
+        short = self._new_pages(decoding, steps) - (self.capacity - self.kv_used)
+        if short > 0:
+            self.cache.evict(short)
         context = float((self.prompt[decoding] + self.decoded[decoding]).sum())
-        comp = np.full(steps, n * engine._token_comp)
-        mem = (context + n * np.arange(steps)) * engine._kv_read
-        self._account(steps, float(comp.sum()), float(mem.sum()), float(engine.overlap.vector(comp, mem).sum()))
+        comp = np.full(steps, engine.step.compute_side(n, 0.0))
+        mem = engine.step.memory_side(context + n * np.arange(steps))
+        self._account(steps, float(comp.sum()), float(mem.sum()),
+                      [float(overlap.vector(comp, mem).sum()) for overlap in engine.overlaps])
         self._advance(decoding, steps)
 
-    def _account(self, steps: int, comp: float, mem: float, seconds: float) -> None:
-        self.clock += seconds
+    def _account(self, steps: int, comp: float, mem: float, seconds: list[float]) -> None:
+        """Book ``steps`` iterations; ``seconds`` holds their time under each of the engine's overlaps."""
+        self.clock += seconds[0]
+        for index, value in enumerate(seconds):
+            self.clocks[index] += value
         self.comp_total += comp
         self.mem_total += mem
         self.iterations += steps
@@ -293,10 +311,16 @@ class _Run:
         self.ratio = INIT_NEW_TOKEN_RATIO
         self.policy.preempted(self.requests[i].rid)
 
-    def _release(self, slot: int) -> None:
+    def _release(self, slot: int, keep_tail: bool = False) -> None:
+        """Free a slot. A finished request (``keep_tail``) hands its private tokens to the radix
+        cache as an evictable leaf, as SGLang's tree keeps a finished sequence; a retracted one
+        frees them."""
         i = int(self.slot_request[slot])
+        private = int(self.private[slot])
+        if keep_tail:
+            self.cache.retain(f"\0tail/{self.requests[i].rid}", private)
         self.cache.release(self.requests[i].prefix)
-        self.private_used -= self.cache.pages(int(self.private[slot]))
+        self.private_used -= self.cache.pages(private)
         self.active[slot] = False
         self.slot_request[slot] = -1
         self.free_slots.append(slot)
@@ -322,7 +346,7 @@ class _Run:
         if rid in self.finished:
             raise RuntimeError(f"request {rid} finished twice")
         self.finished[rid] = int(self.decoded[slot])
-        self._release(slot)
+        self._release(slot, keep_tail=True)
         self.policy.finished(rid, self.finished[rid])
         if self.on_finish:
             self.on_finish(1)

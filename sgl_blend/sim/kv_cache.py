@@ -5,7 +5,15 @@ whole path). A node is referenced by every running request whose prompt passes t
 nobody references stays cached and can be reused until memory is needed, when the least
 recently released goes first. Releasing a chain inserts its nodes deepest first, so a child is
 always evicted before its parent and the tree never holds an orphan. Sizes are whole pages, as
-SGLang allocates them; a request's private tokens (unique tail and output) are the engine's.
+SGLang allocates them; a running request's private tokens (unique tail and output) are the
+engine's.
+
+When a request finishes, SGLang's radix cache keeps its whole sequence -- unique tail and output
+included -- as evictable leaves, not just the shared prefix. No later request reuses those
+tokens, but they occupy memory and sit in the same LRU: `retain` inserts them (before the chain
+is released, so the leaf goes before its parents). An order that runs a prefix family's requests
+far apart then loses the family's prefix to the tails finished in between, which is how
+sharing comes to differ between orders.
 """
 
 from __future__ import annotations
@@ -65,6 +73,18 @@ class RadixKVCache:
                 self.evictable -= node.length
             node.refs += 1
         return hit
+
+    def retain(self, key: str, tokens: int) -> int:
+        """Keep a finished request's private tokens as an unreferenced, evictable leaf under
+        ``key`` (unique to the request); returns the pages it occupies. Call it before releasing
+        the request's prefix chain so the leaf is evicted before its parents."""
+        if tokens <= 0 or key in self._nodes:
+            return 0
+        node = self._nodes[key] = _Node(self.pages(tokens))
+        self.used += node.length
+        self.evictable += node.length
+        self._lru[key] = None
+        return node.length
 
     def release(self, prefix: Sequence[Segment]) -> None:
         for key, _length in reversed(prefix):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from sgl_blend.core.cost_model import CostModel, optimal_time
@@ -49,6 +49,13 @@ class SimResult:
     admitted_order: list[str]
     finished: dict[str, int]
     trace: StepTrace
+    # The same schedule's time under every overlap the engine priced it with (the primary too),
+    # by the overlap's name: the schedule never depends on time, so one run serves each lambda.
+    seconds_under: dict[str, float] = field(default_factory=dict)
+
+    def under(self, overlap_name: str) -> SimResult:
+        """This run as priced under another overlap the engine was given (``also_price``)."""
+        return replace(self, seconds=self.seconds_under[overlap_name])
 
     @property
     def tokens_per_s(self) -> float:

@@ -12,12 +12,13 @@ Every choice is ``a max(c, m) + b min(c, m) + k``:
 For 0 <= b <= a the sum over iterations is at least ``f`` of the summed terms, so ``f`` applied to
 a workload's totals is a lower bound on any schedule's time: the practical ``T_o``.
 
-The default is ``interference`` with lambda = 0.15: BlendServe runs on NanoFlow-style
-operator-level overlap, where GEMM and decode attention run at once on partitioned SMs and the
-shorter of the two is mostly hidden. A GEMM/attention pair profiled on an H100 on SM partitions
-(``bench/device_calibration.py``) fits ``b`` = 0.16 for that bound; the same pair launched on two
-plain streams hides almost nothing (lambda = 0.90), which is why the overlap, and so the whole
-benefit of blending, depends on the engine's kernels. ``--interference`` sets lambda.
+The default is ``interference`` with lambda = the device's measured ``corun_interference``
+(`HardwareSpec`): a GEMM co-running with decode attention on two plain CUDA streams -- how stock
+SGLang overlaps work -- fits lambda = 0.90 on the H100 (SM partitions measure 0.90 too), so the
+shorter side is barely hidden and blending buys at most ~5% per step. The one setting that fits
+far less, 0.24, is the bound of each op timed alone on its own SM partition: NanoFlow-class
+operator overlap with no contention, named ``nanoflow-bound`` in outputs. ``--interference``
+sets lambda explicitly.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-DEFAULT_INTERFERENCE = 0.15
+from sgl_blend.core.cost_model import PARTITION_BOUND_INTERFERENCE, TWO_STREAM_INTERFERENCE, HardwareSpec
+
 OVERLAP_NAMES = ("sum", "max", "interference", "fitted")
 
 
@@ -54,16 +56,35 @@ def fit_overlap(samples: Sequence[tuple[float, float, float]]) -> tuple[float, f
     return float(coefficients[0]), float(coefficients[1]), float(coefficients[2])
 
 
-def overlap_function(name: str, interference: float = DEFAULT_INTERFERENCE,
+def interference_label(interference: float) -> str:
+    """The name outputs give an interference overlap: the two measured settings by what they
+    stand for, any other lambda by its value."""
+    if interference == TWO_STREAM_INTERFERENCE:
+        return f"two-stream({interference:g})"
+    if interference == PARTITION_BOUND_INTERFERENCE:
+        return f"nanoflow-bound({interference:g})"
+    return f"interference({interference:g})"
+
+
+def overlap_function(name: str, interference: float = TWO_STREAM_INTERFERENCE,
                      fitted: tuple[float, float, float] | None = None) -> OverlapFunction:
+    """The named overlap. ``interference`` defaults to the two-stream figure measured on the
+    H100; use `hardware_overlap` to take it from the device profile instead."""
     if name == "sum":
         return OverlapFunction("sum", 1.0, 1.0)
     if name == "max":
         return OverlapFunction("max", 1.0, 0.0)
     if name == "interference":
-        return OverlapFunction(f"interference({interference:g})", 1.0, interference)
+        return OverlapFunction(interference_label(interference), 1.0, interference)
     if name == "fitted":
         if fitted is None:
             raise ValueError("the fitted overlap needs its (a, b, k) coefficients")
         return OverlapFunction("fitted({:g}, {:g}, {:g})".format(*fitted), *fitted)
     raise ValueError(f"unknown overlap function {name!r}; known: {', '.join(OVERLAP_NAMES)}")
+
+
+def hardware_overlap(hardware: HardwareSpec, name: str = "interference", interference: float | None = None,
+                     fitted: tuple[float, float, float] | None = None) -> OverlapFunction:
+    """The simulator's default: ``interference`` with lambda from the device's measured co-run
+    profile (``hardware.corun_interference``) unless ``interference`` overrides it."""
+    return overlap_function(name, hardware.corun_interference if interference is None else interference, fitted)

@@ -1,11 +1,18 @@
 """One simulation by name: a workload, a policy, a model on a device, an overlap function.
 
-Every policy runs on the same engine and cost model; only the order the policy asks for
-differs. The core's policies come from `make_policy`; SGLang's LPM is the simulator's own.
+Every policy runs on the same engine, cost model and prefill chunk; only the order it asks for
+and whether it paces prefill differ. The core's policies come from `make_policy`; SGLang's LPM is
+the simulator's own. Ablation variants separate BlendServe's two mechanisms, so neither can take
+credit for the other:
+
+- ``dfs+pacing``: DFS order with BlendServe's Alg. 3 prefill pacing;
+- ``blendserve-order``: BlendServe's order (sort, split, dual scan) without the pacing;
+- ``fcfs-shuffled``: FCFS over a seeded shuffle of the submission order (NanoFlow-Balance).
 """
 
 from __future__ import annotations
 
+import random
 from typing import Callable, Sequence
 
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
@@ -16,17 +23,40 @@ from sgl_blend.sim.metrics import SimResult
 from sgl_blend.sim.overlap import OverlapFunction
 from sgl_blend.sim.workload import SimRequest
 
-SIM_POLICIES = (*POLICIES, SGLangLPMPolicy.name)
+# variant name -> (core policy, paced override or None for the policy's default)
+VARIANTS: dict[str, tuple[str, bool | None]] = {
+    "dfs+pacing": ("dfs", True),
+    "blendserve-order": ("blendserve", False),
+    "fcfs-shuffled": ("fcfs", None),
+}
+SIM_POLICIES = (*POLICIES, SGLangLPMPolicy.name, *VARIANTS)
 
 
 def make_sim_policy(name: str, model: ModelSpec, hardware: HardwareSpec, seed: int = 0) -> PlannedPolicy:
+    """The policy (or ablation variant) ``name``, renamed to ``name`` so results say which."""
     if name == SGLangLPMPolicy.name:
         return SGLangLPMPolicy(CostModel(model, hardware), seed=seed)
-    return make_policy(name, model, hardware, seed=seed)
+    base, paced = VARIANTS.get(name, (name, None))
+    policy = make_policy(base, model, hardware, seed=seed) if paced is None else \
+        make_policy(base, model, hardware, seed=seed, paced=paced)
+    policy.name = name
+    return policy
+
+
+def submission_order(requests: Sequence[SimRequest], policy_name: str, seed: int) -> list[SimRequest]:
+    """The order requests reach the policy: a seeded shuffle for ``fcfs-shuffled``, else as given."""
+    ordered = list(requests)
+    if policy_name == "fcfs-shuffled":
+        random.Random(seed).shuffle(ordered)
+    return ordered
 
 
 def simulate(requests: Sequence[SimRequest], policy_name: str, model: ModelSpec, hardware: HardwareSpec,
              overlap: OverlapFunction, *, seed: int = 0, config: EngineConfig = EngineConfig(),
-             on_finish: Callable[[int], None] | None = None) -> SimResult:
+             on_finish: Callable[[int], None] | None = None,
+             also_price: Sequence[OverlapFunction] = ()) -> SimResult:
+    """Run ``policy_name`` over ``requests``; ``also_price`` prices the same schedule under more
+    overlap functions (see `SimResult.seconds_under`)."""
     policy = make_sim_policy(policy_name, model, hardware, seed)
-    return SimEngine(CostModel(model, hardware), policy, overlap, config).run(requests, on_finish)
+    engine = SimEngine(CostModel(model, hardware), policy, overlap, config, also_price)
+    return engine.run(submission_order(requests, policy_name, seed), on_finish)

@@ -1,12 +1,12 @@
 """What one forward batch of a given composition really takes on the modelled device.
 
-Co-location is about latency, so unlike the throughput engine (`engine`) an iteration here pays
-for reading the weights once: a batch of a few decodes is bound by that read, and prefill tokens
-or more decodes ride along almost free until the compute catches up. That slack is what HyGen and
-Echo fill with offline work. Compute is ``2 P`` FLOPs per token plus ``8 H L`` per attended
-query-key pair of a prefill chunk on its cached prefix; memory is the weights plus every decode's
-KV context; the two combine through the simulator's overlap function. A seeded log-normal jitter
-stands for the run-to-run noise a real engine shows, so a latency model fitted on profiled
+Co-location is about latency, and a batch of a few decodes is bound by reading the weights:
+prefill tokens or more decodes ride along almost free until the GEMMs' FLOPs catch up with that
+read. That slack is what HyGen and Echo fill with offline work. The iteration is priced by
+`IterationCost`, the same helper the throughput engine uses (linear layers ``max(FLOP time,
+weight-read time)`` plus prefill attention on the compute side, decode KV reads on the memory
+side), and the two sides combine through the simulator's overlap function. A seeded log-normal
+jitter stands for the run-to-run noise a real engine shows, so a latency model fitted on profiled
 batches (`profile`) has a realistic error rather than none.
 """
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.core.latency_model import BatchShape, FitReport, fit_forms
+from sgl_blend.sim.iteration_cost import IterationCost
 from sgl_blend.sim.overlap import OverlapFunction
 
 DEFAULT_JITTER = 0.02
@@ -24,26 +25,19 @@ DEFAULT_JITTER = 0.02
 
 @dataclass(frozen=True)
 class StepTime:
-    token_comp: float
-    pair_comp: float
-    kv_read: float
-    weight_read: float
+    cost: IterationCost
     overlap: OverlapFunction
 
     @classmethod
     def of(cls, cost: CostModel, overlap: OverlapFunction) -> StepTime:
-        model, hardware = cost.model, cost.hardware
-        return cls(2.0 * model.params / hardware.flops, 8.0 * model.hidden * model.layers / hardware.flops,
-                   model.kv_bytes_per_token / hardware.bandwidth,
-                   model.params * model.dtype_bytes / hardware.bandwidth, overlap)
+        return cls(IterationCost.of(cost), overlap)
 
     def seconds(self, shape: BatchShape) -> float:
         """Noise-free time of ``shape``; 0 for an empty batch."""
         if shape.is_empty():
             return 0.0
-        comp = (shape.prefill_tokens + shape.decode_reqs) * self.token_comp + shape.prefill_attention * self.pair_comp
-        mem = self.weight_read + shape.decode_context * self.kv_read
-        return self.overlap(comp, mem)
+        comp = self.cost.compute_side(shape.prefill_tokens + shape.decode_reqs, shape.prefill_attention)
+        return self.overlap(comp, self.cost.memory_side(shape.decode_context))
 
 
 class NoisyClock:

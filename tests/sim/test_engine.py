@@ -9,6 +9,7 @@ import pytest
 from bench.workloads.mixer import mix
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.sim.engine import EngineConfig, SimEngine
+from sgl_blend.sim.iteration_cost import IterationCost
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.metrics import workload_bound
 from sgl_blend.sim.overlap import fit_overlap, overlap_function
@@ -18,7 +19,7 @@ from sgl_blend.sim.workload import SimRequest, chain_hash
 MODEL = model_spec("llama-3.1-8b")
 HARDWARE = HardwareSpec.resolve("a100-80g")
 COST = CostModel(MODEL, HARDWARE)
-INTERFERENCE = overlap_function("interference")
+INTERFERENCE = overlap_function("interference")  # the two-stream lambda, 0.90
 
 
 def small_mix(n: int = 500, seed: int = 0) -> list[SimRequest]:
@@ -69,14 +70,30 @@ def test_admission_order_is_a_permutation(policy: str) -> None:
     assert sorted(result.admitted_order) == sorted(r.rid for r in requests)
 
 
-def test_sum_overlap_without_sharing_equals_the_cost_model_sum() -> None:
+def test_sum_overlap_prices_exactly_the_executed_work_weights_included() -> None:
+    """Under ``sum`` the run is its compute side plus its memory side; the memory side is the
+    cost model's ``T_mem`` exactly, and the compute side is ``T_comp`` plus what weight-bound
+    iterations (a GEMM waiting on its weight read) cost beyond their FLOPs."""
     rng = random.Random(0)
     requests = [SimRequest(f"r{i}", "t", (), rng.randrange(50, 800), out := rng.randrange(200, 2000), out, True)
                 for i in range(300)]
     result = simulate(requests, "fcfs", MODEL, HARDWARE, overlap_function("sum"))
     bound = workload_bound(requests, COST, overlap_function("sum"))
+    step = IterationCost.of(COST)
     assert result.retractions == 0
-    assert result.seconds == pytest.approx(bound.t_comp + bound.t_mem, rel=0.01)
+    assert result.seconds == pytest.approx(result.comp_seconds + result.mem_seconds, rel=1e-9)
+    assert result.mem_seconds == pytest.approx(bound.t_mem, rel=0.01)
+    assert bound.t_comp * 0.99 <= result.comp_seconds <= bound.t_comp + result.iterations * step.weight_read
+
+
+def test_a_small_decode_batch_is_bound_by_reading_the_weights() -> None:
+    """Four long decodes: every step reads 16 GB of weights and barely any KV, so a step costs
+    the weight read, not four tokens' FLOPs (which the old model charged: ~38x less on an A100)."""
+    requests = [SimRequest(f"r{i}", "t", (), 100, 2000, 2000, True) for i in range(4)]
+    result = simulate(requests, "fcfs", MODEL, HARDWARE, overlap_function("max"))
+    step = IterationCost.of(COST)
+    assert step.weight_read > 30 * 4 * step.token_comp
+    assert result.seconds == pytest.approx(result.iterations * step.weight_read, rel=0.02)
 
 
 def test_same_seed_same_result() -> None:
@@ -159,3 +176,84 @@ def test_a_new_request_needs_its_whole_clipped_decode_room_free() -> None:
     # At 0.7 x 3000 reserved for the first, 100 + 3500 does not fit until the ratio has decayed.
     assert started["first"] == 0
     assert 200 < started["second"] < 3000
+
+
+def prefix_families(families: int = 30, per_family: int = 8) -> list[SimRequest]:
+    """``families`` 400-token shared prefixes, ``per_family`` short requests each, shuffled."""
+    requests = [SimRequest(f"f{family}-{j}", "t", ((chain_hash("", f"family{family}"), 400),), 50, 300, 300, True)
+                for family in range(families) for j in range(per_family)]
+    random.Random(0).shuffle(requests)
+    return requests
+
+
+def test_a_scattered_order_loses_sharing_to_eviction_when_kv_is_small() -> None:
+    """Finished tails stay cached (as in SGLang's radix tree) and push a family's prefix out of
+    the LRU before a scattered order comes back to it; DFS keeps each family resident. With KV
+    to spare nothing is evicted and every order shares alike."""
+    requests = prefix_families()
+    best = workload_bound(requests, COST, INTERFERENCE).sharing
+    small, large = EngineConfig(kv_capacity=8000), EngineConfig(kv_capacity=200_000)
+    dfs = simulate(requests, "dfs", MODEL, HARDWARE, INTERFERENCE, config=small)
+    scattered = simulate(requests, "fcfs-shuffled", MODEL, HARDWARE, INTERFERENCE, config=small)
+    roomy = simulate(requests, "fcfs-shuffled", MODEL, HARDWARE, INTERFERENCE, config=large)
+    assert dfs.sharing_ratio == pytest.approx(best, rel=0.01)
+    assert scattered.sharing_ratio < 0.6 * dfs.sharing_ratio
+    assert roomy.sharing_ratio == pytest.approx(best, rel=0.01)
+
+
+def test_a_finished_tail_is_cached_evictable_and_goes_before_its_prefix() -> None:
+    cache = RadixKVCache()
+    prefix = ((chain_hash("", "sys"), 100),)
+    cache.acquire(prefix)
+    assert cache.retain("tail/r0", 30) == 30
+    cache.release(prefix)
+    assert (cache.used, cache.evictable) == (130, 130)
+    assert cache.evict(1) == 30
+    assert cache.cached_prefix(prefix) == 100
+    assert cache.evict(1) == 100 and cache.used == 0
+
+
+def test_one_run_priced_under_two_lambdas_matches_two_runs() -> None:
+    requests = small_mix(200, seed=4)
+    config = EngineConfig(kv_capacity=30000)
+    nanoflow = overlap_function("interference", 0.24)
+    both = simulate(requests, "blendserve", MODEL, HARDWARE, INTERFERENCE, config=config, also_price=(nanoflow,))
+    alone = simulate(requests, "blendserve", MODEL, HARDWARE, nanoflow, config=config)
+    assert both.seconds_under[nanoflow.name] == pytest.approx(alone.seconds, rel=1e-9)
+    assert both.seconds_under[INTERFERENCE.name] == both.seconds
+    assert nanoflow.name.startswith("nanoflow-bound") and INTERFERENCE.name.startswith("two-stream")
+
+
+def test_default_overlap_takes_lambda_from_the_hardware_profile() -> None:
+    from dataclasses import replace
+
+    from sgl_blend.sim.overlap import hardware_overlap
+
+    assert hardware_overlap(HARDWARE).weight_min == HARDWARE.corun_interference == 0.90
+    assert hardware_overlap(replace(HARDWARE, corun_interference=0.5)).weight_min == 0.5
+    assert hardware_overlap(HARDWARE, interference=0.24).weight_min == 0.24
+
+
+@pytest.mark.parametrize("chunk", [128, 2048])
+def test_the_prefill_room_is_the_shared_rule_for_every_policy(chunk: int) -> None:
+    """No iteration carries more prefill than `prefill_room` allows: chunk less decodes."""
+    from sgl_blend.sim import engine as engine_module
+
+    requests = small_mix(150, seed=6)
+    seen: list[tuple[int, int]] = []
+    original = engine_module._Run._prefill_room
+
+    def room(run, n_decode):
+        value = original(run, n_decode)
+        assert value <= max(chunk - n_decode, 0)
+        seen.append((n_decode, value))
+        return value
+
+    engine_module._Run._prefill_room = room
+    try:
+        for policy in ("dfs", "dfs+pacing", "blendserve"):
+            simulate(requests, policy, MODEL, HARDWARE, INTERFERENCE, config=EngineConfig(kv_capacity=30000,
+                                                                                          token_budget=chunk))
+    finally:
+        engine_module._Run._prefill_room = original
+    assert seen
