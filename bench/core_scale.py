@@ -1,11 +1,18 @@
-"""Scale benchmark of the BlendServe core: 400,000 tokenised requests through the same policy
-object the SGLang plugin uses -- build the tree, sort and split, produce the scan order -- then
-time single admission decisions. Tokenisation is done first and reported apart: the engine
-tokenises anyway, as the paper notes.
+"""Scale benchmark of the BlendServe core: tokenised requests (400,000 by default) through the
+same policy object the SGLang plugin uses -- build the tree, sort and split, produce the scan
+order -- then time admission decisions while the policy is driven like an engine. Tokenisation is
+done first and reported apart: the engine tokenises anyway, as the paper notes.
 
     python -m bench.core_scale --n 400000
+    python -m bench.core_scale --n 100000 --iterations 20000   # the recorded run: a few minutes
 
-Writes ``bench/results/core_scale.json`` and a plot of the phases and the decision latencies.
+The loop is an engine's: each iteration asks for the prefill room (`prefill_room` with the
+policy's paced budget), proposes against the free KV, admits the proposal's prefix that fits the
+room, reports ``admitted``, then ``advance(1)`` and ``finished`` for every running request whose
+output is done (a request holds ``prompt + output`` tokens while it runs). A decision is the
+budget query, ``propose`` and ``admitted``; most iterations admit nothing (the room or the KV is
+full), so latency is reported over the decisions that admitted at least one request -- the ones
+the paper's 0.08 ms mean / 0.23 ms P99 describe -- and over all decisions apart.
 After planning, the long-lived tree is moved out of the garbage collector's way (``gc.freeze``),
 as SGLang's server does after its warm-up, so a decision is not charged for a full-heap scan.
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import heapq
 import json
 import random
 import resource
@@ -25,10 +33,15 @@ from pathlib import Path
 from bench.batch_files import iter_sharegpt_conversations
 from sgl_blend.core.cost_model import HardwareSpec, model_spec
 from sgl_blend.core.policies import make_policy
+from sgl_blend.core.prefill_room import prefill_room
 from sgl_blend.core.protocol import OfflineRequest
 
 RESULTS = Path(__file__).parent / "results"
 SHARE = {"sharegpt": 0.5, "fewshot": 0.4, "long_output": 0.1}
+CHUNK_TOKENS = 2048
+MAX_RUNNING = 1024
+PROPOSAL_SIZE = 16
+PAPER = {"decision_mean_ms": 0.08, "decision_p99_ms": 0.23}
 
 
 def tokenizer():
@@ -69,9 +82,58 @@ def build_requests(n: int, seed: int) -> tuple[list[OfflineRequest], float]:
     return requests, tokenise_seconds
 
 
-def run(n: int, seed: int, decisions: int) -> dict:
+def _ms(values: list[float], fraction: float) -> float:
+    return round(values[min(int(fraction * len(values)), len(values) - 1)] * 1e3, 4) if values else float("nan")
+
+
+def drive(policy, outputs: dict[str, tuple[int, int]], capacity: int, iterations: int,
+          seed: int) -> tuple[list[float], list[float], dict[str, int]]:
+    """Run ``iterations`` engine iterations against ``policy``. ``outputs`` maps a request id to
+    (prompt length, true output length). Returns the latencies of decisions that admitted
+    something, of those that admitted nothing, and counts."""
+    rng = random.Random(seed)
+    finish_at: list[tuple[int, str]] = []
+    held: dict[str, int] = {}
+    used = admitted_total = finished_total = 0
+    admitting, idle = [], []
+    for step in range(iterations):
+        start = time.perf_counter()
+        room = prefill_room(CHUNK_TOKENS, len(held), policy.prefill_token_budget())
+        taken: list[str] = []
+        if room > 0 and len(held) < MAX_RUNNING:
+            proposal = policy.propose(max(capacity - used, 0), min(PROPOSAL_SIZE, MAX_RUNNING - len(held)))
+            for request in proposal:
+                if room <= 0:
+                    break
+                taken.append(request.rid)
+                room -= len(request.prompt_ids)
+            policy.admitted(taken)
+        elapsed = time.perf_counter() - start
+        (admitting if taken else idle).append(elapsed)
+        for rid in taken:
+            prompt, output = outputs[rid]
+            held[rid] = prompt + output
+            used += held[rid]
+            heapq.heappush(finish_at, (step + max(output, 1) + rng.randrange(2), rid))
+        admitted_total += len(taken)
+        policy.advance(1)
+        while finish_at and finish_at[0][0] <= step:
+            _, rid = heapq.heappop(finish_at)
+            used -= held.pop(rid)
+            policy.finished(rid, outputs[rid][1])
+            finished_total += 1
+    return admitting, idle, {"iterations": iterations, "admitted": admitted_total, "finished": finished_total,
+                             "running_at_end": len(held)}
+
+
+def run(n: int, seed: int, iterations: int) -> dict:
     requests, tokenise_seconds = build_requests(n, seed)
     prompt_tokens = sum(len(request.prompt_ids) for request in requests)
+    rng = random.Random(seed + 1)
+    # True output lengths, known only to the driver: exact requests produce their bound, others
+    # stop at a uniform point below it.
+    outputs = {request.rid: (len(request.prompt_ids), request.max_new_tokens if request.exact_output_len
+                             else rng.randint(1, request.max_new_tokens)) for request in requests}
     policy = make_policy("blendserve", model_spec("llama-3.1-8b"), HardwareSpec.resolve("a100-80g"), seed=seed)
     capacity = policy.cost_model.kv_capacity_tokens()
 
@@ -84,18 +146,9 @@ def run(n: int, seed: int, decisions: int) -> dict:
     plan_seconds = time.perf_counter() - start
     gc.freeze()
 
-    latencies = []
-    running: list[str] = []
-    for _ in range(decisions):
-        start = time.perf_counter()
-        proposal = policy.propose(capacity, 1)
-        policy.admitted([request.rid for request in proposal])
-        latencies.append(time.perf_counter() - start)
-        running.extend(request.rid for request in proposal)
-        if len(running) > 256:
-            finished = running.pop(0)
-            policy.finished(finished, 1)
-    latencies.sort()
+    admitting, idle, counts = drive(policy, outputs, capacity, iterations, seed)
+    every = sorted(admitting + idle)
+    admitting.sort()
     plan = policy.last_plan
     return {
         "requests": n,
@@ -109,11 +162,24 @@ def run(n: int, seed: int, decisions: int) -> dict:
         "plan_sharing_kept": round(plan.sharing_kept, 4),
         "splits": plan.splits,
         "scan_boundary": plan.boundary,
-        "decisions": decisions,
-        "decision_p50_ms": round(statistics.median(latencies) * 1e3, 4),
-        "decision_p99_ms": round(latencies[int(0.99 * len(latencies))] * 1e3, 4),
-        "targets": {"total_seconds": 60, "peak_rss_gib": 4, "decision_p99_ms": 0.1},
-    }, latencies
+        "drive": {**counts, "chunk_tokens": CHUNK_TOKENS, "max_running": MAX_RUNNING, "kv_capacity": capacity},
+        "admitting_decisions": len(admitting),
+        "admitting_decision_mean_ms": round(statistics.fmean(admitting) * 1e3, 4) if admitting else float("nan"),
+        "admitting_decision_p50_ms": _ms(admitting, 0.5),
+        "admitting_decision_p99_ms": _ms(admitting, 0.99),
+        "admitting_decision_max_ms": round(admitting[-1] * 1e3, 3) if admitting else float("nan"),
+        "all_decisions": len(every),
+        "all_decision_max_ms": round(every[-1] * 1e3, 3),
+        # A re-plan (the sampled output lengths came back, or 5% of the pending set changed)
+        # runs inside `propose`; these are the decisions that paid for one.
+        "decisions_over_1ms": sum(1 for value in every if value > 1e-3),
+        "plans": policy.plans,
+        "all_decision_mean_ms": round(statistics.fmean(every) * 1e3, 4),
+        "all_decision_p50_ms": _ms(every, 0.5),
+        "all_decision_p99_ms": _ms(every, 0.99),
+        "paper": PAPER,
+        "targets": {"total_seconds": 60, "peak_rss_gib": 4, "admitting_decision_p99_ms": PAPER["decision_p99_ms"]},
+    }, admitting
 
 
 def plot(report: dict, latencies: list[float], path: Path) -> None:
@@ -129,8 +195,8 @@ def plot(report: dict, latencies: list[float], path: Path) -> None:
     phases.set_ylabel("seconds")
     phases.legend()
     histogram.hist([latency * 1e3 for latency in latencies], bins=60, color="tab:green")
-    histogram.axvline(0.1, color="red", linestyle="--", label="0.1 ms P99 target")
-    histogram.set_xlabel("admission decision (ms)")
+    histogram.axvline(PAPER["decision_p99_ms"], color="red", linestyle="--", label="paper P99 0.23 ms")
+    histogram.set_xlabel("admission decision that admitted >= 1 request (ms)")
     histogram.legend()
     fig.suptitle(f"BlendServe core on {report['requests']:,} requests")
     fig.tight_layout()
@@ -141,11 +207,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=400_000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--decisions", type=int, default=20_000)
+    parser.add_argument("--iterations", type=int, default=20_000, help="engine iterations to drive")
     parser.add_argument("--json", type=Path, default=RESULTS / "core_scale.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "core_scale.png")
     args = parser.parse_args()
-    report, latencies = run(args.n, args.seed, args.decisions)
+    report, latencies = run(args.n, args.seed, args.iterations)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, latencies, args.plot)
