@@ -10,6 +10,11 @@ Llama-3.1-70B / 8xA100 (TP=8 as a hardware scale), each mixed with its own cost 
 paper re-synthesises per model. Writes ``paper_reproduction.json`` (with each simulation's wall
 time), a Markdown table with the paper's figures beside ours, a heat map of the grid's speedup
 over DFS, and Figure 10 for Trace#2.
+
+Iterations pay for their weight reads, lambda is the measured two-stream co-run (0.90) unless
+``--interference`` says otherwise (0.24 is the nanoflow-bound setting), and every policy runs at
+the engine's default 2048-token chunk. `bench.sim_ablation` is the like-for-like comparison: it
+sweeps the chunk for every policy and separates BlendServe's order from its prefill pacing.
 """
 
 from __future__ import annotations
