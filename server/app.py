@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI
 
@@ -22,6 +22,9 @@ from server.routes import ApiContext, build_router
 from server.runner import BatchRunner
 from server.store import BatchStore
 
+if TYPE_CHECKING:
+    from sgl_blend.line_plan import LinePlanner
+
 
 def loopback_url(host: str, port: int) -> str:
     """Where this server answers itself: a wildcard bind is reached through loopback."""
@@ -30,10 +33,12 @@ def loopback_url(host: str, port: int) -> str:
 
 
 def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, api_key: str | None,
-                      admin_api_key: str | None = None, assigner: Assigner = split_evenly) -> None:
+                      admin_api_key: str | None = None, assigner: Assigner = split_evenly,
+                      planner: LinePlanner | None = None) -> None:
     """Open the store (failing now, before SGLang loads a model, if it cannot be opened) and mount
     the routes; the runner starts with the app. It sends lines to this server and to the
-    configured workers, spread over their DP ranks by ``assigner``."""
+    configured workers, spread over their DP ranks by ``assigner``, in the global plan's order
+    when a ``planner`` is given."""
     store = BatchStore.open(config.store_url, config.data_dir)
     blobs = BlobDir(config.data_dir)
     runners: list[BatchRunner] = []
@@ -54,7 +59,8 @@ def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, ap
                                  worker_grace_s=config.worker_grace_s,
                                  owner=f"{socket.gethostname()}:{self_url.rsplit(':', 1)[1]}", api_key=api_key,
                                  admin_api_key=admin_api_key,
-                                 max_inflight=config.max_inflight, max_file_lines=config.max_file_lines)
+                                 max_inflight=config.max_inflight, max_file_lines=config.max_file_lines,
+                                 planner=planner)
             runners.append(runner)
             task = asyncio.create_task(runner.run())
             try:

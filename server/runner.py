@@ -25,19 +25,24 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import aiohttp
 
 from sgl_blend.batch_lines import LineError, error_record, line_error_record, parse_line
 from sgl_blend.line_sender import (LineOutcome, LineUsage, WorkerUnreachable, abort_requests, open_session,
                                    send_line)
+from sgl_blend.core.placement import Placement
 from sgl_blend.offline import offline_headers
 from server.assignment import Assigner, Slot, split_evenly, worker_slots
 from server.blobs import BlobDir
+from server.planning import GlobalPlanState
 from server.results import LineResult, ResultWriter
 from server.store import BatchRow, BatchStore, Conflict, FileRow, LeaseLost, LineRow
 from server.validation import FileRejected, index_input_file
+
+if TYPE_CHECKING:
+    from sgl_blend.line_plan import LinePlanner
 
 logger = logging.getLogger(__name__)
 OUTPUT_PURPOSE = "batch_output"
@@ -56,6 +61,7 @@ class _Feed:
     """A batch's unfinished lines for one worker, fetched from the store a chunk at a time."""
 
     after_line: int = 0
+    after_rank: int = -2  # plan ranks start at -1 (lines that fail without running)
     buffer: deque[LineRow] = field(default_factory=deque)
     retry: deque[LineRow] = field(default_factory=deque)
     exhausted: bool = False
@@ -64,6 +70,11 @@ class _Feed:
         if self.retry:
             return self.retry.popleft()
         return self.buffer.popleft() if self.buffer else None
+
+    def peek(self) -> LineRow | None:
+        if self.retry:
+            return self.retry[0]
+        return self.buffer[0] if self.buffer else None
 
     @property
     def empty(self) -> bool:
@@ -80,6 +91,7 @@ class _ActiveBatch:
     requests: dict[int, tuple[str, str]] = field(default_factory=dict)
     task: asyncio.Task | None = None
     closing: bool = False
+    planned: bool = False
 
     @property
     def id(self) -> str:
@@ -87,7 +99,7 @@ class _ActiveBatch:
 
     @property
     def dispatching(self) -> bool:
-        return self.row.status == "in_progress" and not self.closing and bool(self.feeds)
+        return self.row.status == "in_progress" and not self.closing and bool(self.feeds) and self.planned
 
 
 @dataclass
@@ -112,7 +124,7 @@ class BatchRunner:
                  api_key: str | None = None, admin_api_key: str | None = None,
                  max_inflight: int = 1024, max_file_lines: int = 50_000,
                  assigner: Assigner = split_evenly, poll_s: float = POLL_S, lease_s: float = LEASE_S,
-                 worker_grace_s: float = WORKER_GRACE_S) -> None:
+                 worker_grace_s: float = WORKER_GRACE_S, planner: LinePlanner | None = None) -> None:
         if not workers:
             raise ValueError("a batch runner needs at least one worker URL")
         self.store = store
@@ -134,6 +146,7 @@ class BatchRunner:
         self._refresh = True
         self._writer = ResultWriter(store, blobs, owner)
         self._session: aiohttp.ClientSession | None = None
+        self._global_plan = GlobalPlanState(planner) if planner is not None else None
 
     def wake(self, refresh: bool = True) -> None:
         """Look at the store again now (a batch was created or cancelled), not at the next poll."""
@@ -207,7 +220,7 @@ class BatchRunner:
         await asyncio.to_thread(self.blobs.truncate, row.output_blob, row.output_bytes)
         await asyncio.to_thread(self.blobs.truncate, row.error_blob, row.error_bytes)
         self._writer.open(row.id, row.output_blob, row.error_blob, row.output_bytes, row.error_bytes)
-        self._active[row.id] = _ActiveBatch(row)
+        self._active[row.id] = _ActiveBatch(row, planned=self._global_plan is None)
 
     def _live_slots(self) -> list[Slot]:
         return [slot for worker in self.workers.values() for slot in worker.slots()]
@@ -276,6 +289,8 @@ class BatchRunner:
                 continue
             batch.task = asyncio.create_task(step)
             batch.task.add_done_callback(lambda _task: self.wake(refresh=False))
+        if self._global_plan is not None:
+            self._global_plan.maybe_start(self)
 
     def _settle(self, batch: _ActiveBatch) -> None:
         task, batch.task = batch.task, None
@@ -380,13 +395,17 @@ class BatchRunner:
     # Dispatch
 
     async def _dispatch(self) -> None:
-        """Fill every worker's window, taking lines from the in-progress batches in turn."""
+        """Fill every worker's window: in global plan order across the in-progress batches when
+        they are planned, else taking lines from the batches in turn."""
         batches = [batch for batch in self._active.values() if batch.dispatching]
         now = time.monotonic()
         for worker in self.workers.values():
             if not worker.live or worker.down_until > now:
                 continue
             slots = worker.slots()
+            if self._global_plan is not None:
+                await self._dispatch_planned(worker, batches, slots)
+                continue
             while worker.inflight < self.max_inflight:
                 started = 0
                 for batch in batches:
@@ -403,15 +422,35 @@ class BatchRunner:
                 if not started:
                     break
 
+    async def _dispatch_planned(self, worker: _Worker, batches: list[_ActiveBatch], slots: list[Slot]) -> None:
+        """Start, while the worker's window has room, the line with the lowest plan rank at the
+        head of any batch's feed for its slots (the plan ranks all running batches together)."""
+        while worker.inflight < self.max_inflight:
+            best: tuple[int, _ActiveBatch, _Feed] | None = None
+            for batch in batches:
+                for slot in slots:
+                    feed = batch.feeds.get(slot)
+                    if feed is None or not batch.dispatching:
+                        continue
+                    if feed.peek() is None and not feed.exhausted:
+                        await self._refill(batch, slot, feed)
+                    head = feed.peek()
+                    if head is not None and (best is None or (head.plan_rank or 0) < best[0]):
+                        best = (head.plan_rank or 0, batch, feed)
+            if best is None:
+                return
+            _rank, batch, feed = best
+            self._start_line(batch, worker, feed.next())
+
     async def _refill(self, batch: _ActiveBatch, slot: Slot, feed: _Feed) -> None:
+        by_plan = self._global_plan is not None
         rows = await asyncio.to_thread(self.store.pending_lines, batch.id, after_line=feed.after_line,
-                                       limit=FEED_CHUNK, slot=slot)
-        rows = [row for row in rows if row.line_number not in batch.inflight]
-        feed.buffer.extend(rows)
+                                       limit=FEED_CHUNK, slot=slot, after_rank=feed.after_rank if by_plan else None)
         if rows:
-            feed.after_line = rows[-1].line_number
+            feed.after_line, feed.after_rank = rows[-1].line_number, rows[-1].plan_rank or 0
         else:
             feed.exhausted = True
+        feed.buffer.extend(row for row in rows if row.line_number not in batch.inflight)
 
     def _start_line(self, batch: _ActiveBatch, worker: _Worker, line: LineRow) -> None:
         worker.inflight += 1
@@ -439,8 +478,9 @@ class BatchRunner:
                 rid = f"{batch.id}-{line.line_number}-{secrets.token_hex(4)}"
                 batch.requests[line.line_number] = (worker.url, rid)
                 try:
-                    outcome = await send_line(self._session, worker.url, parsed, offline_headers(batch.id), rid,
-                                              dp_rank=line.dp_rank)
+                    placement = Placement.decode(line.placement) if line.placement else None
+                    outcome = await send_line(self._session, worker.url, parsed, offline_headers(batch.id, placement),
+                                              rid, dp_rank=line.dp_rank)
                 except WorkerUnreachable as error:
                     self._worker_failed(worker, error)
                     feed = batch.feeds.get(Slot(worker.url, line.dp_rank))
@@ -452,6 +492,8 @@ class BatchRunner:
                 worker.backoff_s, worker.failing_since = 0.0, None
                 if outcome.aborted and batch.closing:
                     return  # stopped by our own abort: the line never finished
+        if self._global_plan is not None:
+            self._global_plan.line_done((batch.id, line.line_number), outcome)
         self._writer.put(LineResult(batch.id, line.line_number, outcome))
 
     def _worker_failed(self, worker: _Worker, error: Exception) -> None:

@@ -82,6 +82,8 @@ _SCHEMA = (
         error_message TEXT,
         worker TEXT,
         dp_rank BIGINT,
+        plan_rank BIGINT,
+        placement TEXT,
         PRIMARY KEY (batch_id, line_number)
     )""",
     "CREATE INDEX IF NOT EXISTS batch_lines_todo ON batch_lines (batch_id, state, worker, dp_rank, line_number)",
@@ -164,6 +166,8 @@ class LineRow:
     error_message: str | None = None
     worker: str | None = None
     dp_rank: int | None = None
+    plan_rank: int | None = None
+    placement: str | None = None
 
 
 @dataclass
@@ -202,20 +206,22 @@ class BatchStore:
         with db.transaction() as tx:
             for statement in _SCHEMA[:3]:
                 tx.execute(db.ddl(statement))
-        self._add_dp_rank_column()
+        for column, kind in (("dp_rank", "BIGINT"), ("plan_rank", "BIGINT"), ("placement", "TEXT")):
+            self._add_line_column(column, kind)
         with db.transaction() as tx:
             for statement in _SCHEMA[3:]:
                 tx.execute(db.ddl(statement))
 
-    def _add_dp_rank_column(self) -> None:
-        """A store made before lines had a DP rank gets the column (its lines keep NULL: any rank)."""
+    def _add_line_column(self, column: str, kind: str) -> None:
+        """A store made before lines had ``column`` gets it, NULL in its lines (a DP rank: any
+        rank; a plan rank: not planned yet)."""
         try:
             with self.db.transaction() as tx:
-                tx.execute("SELECT dp_rank FROM batch_lines WHERE 1 = 0")
+                tx.execute(f"SELECT {column} FROM batch_lines WHERE 1 = 0")
         except Exception:
             with self.db.transaction() as tx:
                 tx.execute("DROP INDEX IF EXISTS batch_lines_todo")
-                tx.execute("ALTER TABLE batch_lines ADD COLUMN dp_rank BIGINT")
+                tx.execute(f"ALTER TABLE batch_lines ADD COLUMN {column} {kind}")
 
     @classmethod
     def open(cls, store_url: str, data_dir: Any) -> BatchStore:
@@ -357,12 +363,35 @@ class BatchStore:
                 tx.executemany("UPDATE batch_lines SET worker = ?, dp_rank = ? WHERE batch_id = ? AND state = ?"
                                " AND line_number = ?", rows[start:start + _INSERT_CHUNK])
 
+    def set_plan(self, batch_id: str, owner: str, places: Sequence[tuple[int, int, str | None]]) -> None:
+        """Record each unfinished line's place in the global plan: (line number, rank in the feed
+        order, its placement's text). A restarted runner feeds by it without planning again."""
+        rows = [(rank, placement, batch_id, PENDING, line) for line, rank, placement in places]
+        with self.db.transaction() as tx:
+            self._fence(tx, batch_id, owner)
+            for start in range(0, len(rows), _INSERT_CHUNK):
+                tx.executemany("UPDATE batch_lines SET plan_rank = ?, placement = ? WHERE batch_id = ? AND state = ?"
+                               " AND line_number = ?", rows[start:start + _INSERT_CHUNK])
+
+    def unplanned_lines(self, batch_id: str) -> int:
+        """How many unfinished lines of the batch have no plan rank."""
+        with self.db.transaction() as tx:
+            rows = tx.execute("SELECT COUNT(*) AS n FROM batch_lines WHERE batch_id = ? AND state = ?"
+                              " AND plan_rank IS NULL", (batch_id, PENDING))
+        return int(rows[0]["n"])
+
     def pending_lines(self, batch_id: str, *, after_line: int = 0, limit: int | None = None,
-                      worker: str | None = None, slot: Slot | None = None) -> list[LineRow]:
+                      worker: str | None = None, slot: Slot | None = None,
+                      after_rank: int | None = None) -> list[LineRow]:
         """The unfinished lines after ``after_line`` in file order, at most ``limit`` of them (of one
-        worker's share when ``worker`` is given, of one slot's when ``slot`` is)."""
-        sql = "SELECT * FROM batch_lines WHERE batch_id = ? AND state = ? AND line_number > ?"
-        params: tuple = (batch_id, PENDING, after_line)
+        worker's share when ``worker`` is given, of one slot's when ``slot`` is). With
+        ``after_rank``, the planned lines after that plan rank instead, in plan order."""
+        if after_rank is None:
+            sql = "SELECT * FROM batch_lines WHERE batch_id = ? AND state = ? AND line_number > ?"
+            params: tuple = (batch_id, PENDING, after_line)
+        else:
+            sql = "SELECT * FROM batch_lines WHERE batch_id = ? AND state = ? AND plan_rank > ?"
+            params = (batch_id, PENDING, after_rank)
         if slot is not None:
             worker = slot.worker
             sql += " AND dp_rank IS NULL" if slot.dp_rank is None else " AND dp_rank = ?"
@@ -370,7 +399,7 @@ class BatchStore:
         if worker is not None:
             sql += " AND worker = ?"
             params += (worker,)
-        sql += " ORDER BY line_number"
+        sql += " ORDER BY line_number" if after_rank is None else " ORDER BY plan_rank, line_number"
         if limit is not None:
             sql += " LIMIT ?"
             params += (limit,)

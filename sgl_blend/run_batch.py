@@ -297,16 +297,19 @@ def run_on_fresh_server(
     show_progress: bool = True,
     max_inflight: int = 1024,
     while_running: Callable[[ServerProcess], None] | None = None,
+    scheduler_env: Mapping[str, str] | None = None,
 ) -> tuple[JobTotals, dict[str, Any]]:
     """Start a server for one policy, run the job, and stop it.
 
     Returns the job totals and the plugin's final scheduler state. ``while_running`` runs in a
     thread alongside the job (online traffic, for instance) and is joined before the server stops.
+    ``scheduler_env`` adds plugin settings (recording the policy's calls, for instance).
     """
     from sgl_blend.serve import start_server
 
     flags, env = policy_launch(policy, hardware)
-    server = start_server(model, ["--enable-cache-report", *flags, *sglang_args], log_path=server_log, extra_env=env)
+    server = start_server(model, ["--enable-cache-report", *flags, *sglang_args], log_path=server_log,
+                          extra_env={**env, **(scheduler_env or {})})
     try:
         return run_on_server(server, input_path, output_path, error_path, hardware=hardware, policy=policy,
                              show_progress=show_progress, max_inflight=max_inflight, while_running=while_running)

@@ -57,7 +57,7 @@ class OfflinePool:
         self.policy = RecordedPolicy(policy) if record_calls else policy
         self.reusers = reusers
         self.policy_name = policy_name
-        policy.set_kv_capacity(kv_capacity)
+        self.policy.set_kv_capacity(kv_capacity)
         self._pending: set[str] = set()
         self._running: set[str] = set()
         self._proposed: set[str] = set()
@@ -130,7 +130,7 @@ class OfflinePool:
             placement = placement_of(req.routing_key)
             self.admissions.append([self._iteration, req.rid, self.policy.admission_side(req.rid),
                                     placement.position if placement else None,
-                                    int(getattr(req, "extend_input_len", 0) or 0), self.prefill_cap])
+                                    int(getattr(req, "extend_len", 0) or 0), self.prefill_cap])
             annotate = getattr(tree_cache, "annotate_path", None)
             if annotate is not None and annotation is not None and getattr(req, "last_node", None) is not None:
                 self.counts["annotated_nodes"] += annotate(req.last_node, *annotation)

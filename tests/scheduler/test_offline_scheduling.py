@@ -2,7 +2,9 @@
 
 One job of 300 few-shot lines (16 shared prefixes of ~700 tokens, output lengths 1-128 by group),
 shuffled, runs once per policy on a server whose KV pool (8192 tokens) cannot hold every prefix
-at once, so the order decides how often SGLang's radix cache hits.
+at once, so the order decides how often SGLang's radix cache hits. On this CPU the measured
+overlap gives blending nothing, so BlendServe must order by prefix and match DFS's sharing
+(blending from both ends is tested on a modelled GPU in `test_plan_order`).
 """
 
 from __future__ import annotations
@@ -87,12 +89,12 @@ def test_cache_hits_blendserve_close_to_dfs_and_above_fcfs(runs: dict[str, Polic
     assert cached["blendserve"] > cached["fcfs"], cached
 
 
-def test_plugin_records_both_scan_sides_in_one_batch(runs: dict[str, PolicyRun]) -> None:
+def test_blendserve_on_this_cpu_scans_one_side_unpaced(runs: dict[str, PolicyRun]) -> None:
     offline = runs["blendserve"].plugin["offline"]
-    assert offline["policy"] == "blendserve"
-    assert offline["counts"]["finished"] == 300
-    blended = [record for record in offline["iterations"] if record.get("compute") and record.get("memory")]
-    assert offline["counts"].get("blended_iterations", 0) > 0 and blended, json.dumps(offline)[:2000]
+    assert offline["policy"] == "blendserve" and offline["counts"]["finished"] == 300
+    sides = {admission[2] for admission in offline["admissions"]}
+    assert sides == {"compute"}, sides
+    assert not offline["counts"].get("blended_iterations")
 
 
 def test_online_requests_complete_during_the_job(runs: dict[str, PolicyRun]) -> None:

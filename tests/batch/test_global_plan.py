@@ -1,0 +1,88 @@
+"""Two batches taken up together are planned together: one plan over both batches' lines, kept in
+the store, fed to the scheduler in that plan's order through a narrow window.
+
+The runner talks to the shared tiny-llama server (BlendServe policy; on this CPU the plan is the
+prefix tree's DFS with one cursor). Both batches hold lines of the same few-shot families, so
+only a joint plan puts a family's lines from both batches next to each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import requests
+
+from server.blobs import BlobDir
+from server.ids import new_batch_id, new_file_id
+from server.runner import BatchRunner
+from server.store import BatchRow, BatchStore, FileRow
+from sgl_blend.line_plan import LinePlanner
+from sgl_blend.models.registry import model_dir
+from sgl_blend.serve import ServerProcess
+from sgl_blend.sglang_plugin.scheduler_hooks import configured_hardware
+from tests.batch.conftest import API_KEY
+from tests.batch.helpers import WAIT_LIMIT_S, chat_line, jsonl
+
+FAMILIES = 6
+PER_FAMILY = 8
+
+
+def family_lines(batch: str) -> list[dict]:
+    shots = [" ".join(f"shot{family}-{word}" for word in range(120)) for family in range(FAMILIES)]
+    lines = [chat_line(f"{batch}-f{family}-{index}", 2, f"{shots[family]} Question {batch}{index}?")
+             for index in range(PER_FAMILY) for family in range(FAMILIES)]
+    return lines
+
+
+def add_batch(store: BatchStore, blobs: BlobDir, lines: list[dict]) -> str:
+    source = new_file_id()
+    blobs.path(source).write_bytes(jsonl(lines))
+    store.add_file(FileRow(source, "batch", "in.jsonl", blobs.path(source).stat().st_size, int(time.time())))
+    batch = BatchRow(new_batch_id(), "/v1/chat/completions", source, "24h", "validating", int(time.time()),
+                     int(time.time()) + 3600, output_blob=new_file_id(), error_blob=new_file_id())
+    store.add_batch(batch)
+    return batch.id
+
+
+def test_two_batches_are_planned_together_and_fed_in_plan_order(batch_server: ServerProcess, tmp_path: Path) -> None:
+    store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
+    batch_ids = [add_batch(store, blobs, family_lines(name)) for name in ("a", "b")]
+    planner = LinePlanner(model_dir("tiny-llama"), configured_hardware())
+    runner = BatchRunner(store, blobs, workers=[batch_server.base_url], owner="plan-runner", api_key=API_KEY,
+                         max_inflight=4, planner=planner)
+
+    async def run_until_finished() -> None:
+        task = asyncio.create_task(runner.run())
+        deadline = time.monotonic() + WAIT_LIMIT_S
+        while (any(store.get_batch(batch_id).status != "completed" for batch_id in batch_ids)
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run_until_finished())
+    assert [store.get_batch(batch_id).completed for batch_id in batch_ids] == [FAMILIES * PER_FAMILY] * 2
+    with store.db.transaction() as tx:
+        rows = tx.execute("SELECT batch_id, line_number, custom_id, plan_rank, placement FROM batch_lines")
+    ranks = {(row["batch_id"], row["line_number"]): row for row in rows}
+    assert all(row["plan_rank"] is not None and row["placement"] for row in rows), "the plan is in the store"
+    assert len({row["plan_rank"] for row in rows}) == len(rows), "one plan ranks both batches' lines"
+    in_rank_order = [row["custom_id"] for row in sorted(rows, key=lambda row: row["plan_rank"])]
+    families = [custom_id.split("-")[1] for custom_id in in_rank_order]
+    changes = sum(a != b for a, b in zip(families, families[1:]))
+    assert changes == FAMILIES - 1, f"each family's lines of both batches are adjacent: {families}"
+
+    info = requests.get(f"{batch_server.base_url}/server_info", headers={"Authorization": f"Bearer {API_KEY}"},
+                        timeout=60).json()
+    admissions = info["internal_states"][0]["sgl_blend"]["offline"]["admissions"]
+    admitted = []
+    for _iteration, rid, _side, _position, _tokens, _cap in admissions:
+        batch_id, line, _suffix = rid.rsplit("-", 2)
+        if (batch_id, int(line)) in ranks:
+            admitted.append(ranks[(batch_id, int(line))]["plan_rank"])
+    assert len(admitted) == 2 * FAMILIES * PER_FAMILY
+    inversions = sum(b < a for a, b in zip(admitted, admitted[1:]))
+    assert inversions <= 2, f"the scheduler admits in plan order: {admitted}"
+    store.close()
