@@ -7,7 +7,7 @@ them in plan order; ``lpm`` and ``fcfs`` are SGLang's own orderings over the run
 Cached tokens are SGLang's own, summed from the batches' ``usage``; time is from the first
 ``create`` to the last batch's ``completed``. Writes ``bench/results/batch_api.json`` and a plot.
 
-    python -m bench.batch_api --model tiny-llama --n 640 --window 64
+    python -m bench.batch_api --model tiny-llama --n 400 --window 32
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
-    parser.add_argument("--n", type=int, default=640, help="lines over both batches (at least 10x the window)")
+    parser.add_argument("--n", type=int, default=400, help="lines over both batches (at least 10x the window)")
     parser.add_argument("--families", type=int, default=32)
-    parser.add_argument("--window", type=int, default=64, help="the runner's in-flight lines (--batch-max-inflight)")
+    parser.add_argument("--window", type=int, default=32, help="the runner's in-flight lines (--batch-max-inflight)")
     parser.add_argument("--kv-tokens", type=int, default=8192)
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--port", type=int, default=31800)

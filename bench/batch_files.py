@@ -62,9 +62,11 @@ def sharegpt_lines(n: int = 1000, seed: int = 0, max_prompt_chars: int = 4000, m
 
 def evaluation_lines(n: int, families: int = 32, unique_fraction: float = 0.25, seed: int = 0) -> list[dict]:
     """An evaluation-style batch, shuffled: few-shot families (shared prefixes, short and long
-    outputs) and unique ShareGPT prompts, ``unique_fraction`` of the lines."""
+    outputs) and unique ShareGPT prompts, ``unique_fraction`` of the lines (their first 1,500
+    characters, answers capped at 128 tokens, so a CPU runs a few hundred lines in minutes)."""
     unique = int(n * unique_fraction)
-    lines = fewshot_lines(n - unique, groups=families, seed=seed, chat=True) + sharegpt_lines(unique, seed=seed)
+    lines = (fewshot_lines(n - unique, groups=families, seed=seed, chat=True)
+             + sharegpt_lines(unique, seed=seed, max_prompt_chars=1500, max_tokens_cap=128))
     random.Random(seed + 1).shuffle(lines)
     return lines
 

@@ -9,7 +9,7 @@ The blendserve run is repeated at each ``--window-check`` in-flight window to sh
 the window, decides what the scheduler admits. Writes ``bench/results/real_engine.json`` and a
 bar chart beside it.
 
-    python -m bench.real_engine --model tiny-llama --n 2600 --window 256
+    python -m bench.real_engine --model tiny-llama --n 400 --window 32 --window-check 64,1024
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
-    parser.add_argument("--n", type=int, default=2600, help="lines (at least 10x the window)")
+    parser.add_argument("--n", type=int, default=400, help="lines (at least 10x the window)")
     parser.add_argument("--families", type=int, default=32)
-    parser.add_argument("--window", type=int, default=256, help="in-flight lines for every policy")
+    parser.add_argument("--window", type=int, default=32, help="in-flight lines for every policy")
     parser.add_argument("--window-check", default="64,1024", help="extra blendserve windows")
     parser.add_argument("--kv-tokens", type=int, default=8192)
     parser.add_argument("--policies", default=",".join(POLICIES))

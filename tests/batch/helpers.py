@@ -9,6 +9,10 @@ from typing import Any
 import openai
 from openai.types import Batch
 
+from server.blobs import BlobDir
+from server.ids import new_batch_id, new_file_id
+from server.store import BatchRow, BatchStore, FileRow
+
 FINISHED = ("completed", "failed", "expired", "cancelled")
 # A guard against a hung server, not a performance target: every batch here needs seconds.
 WAIT_LIMIT_S = 600
@@ -59,3 +63,15 @@ def records(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
     return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def add_batch(store: BatchStore, blobs: BlobDir, lines: list[dict[str, Any]]) -> str:
+    """A chat batch written straight into a store, as the routes would create it: for tests that
+    drive a `BatchRunner` of their own."""
+    source = new_file_id()
+    blobs.path(source).write_bytes(jsonl(lines))
+    store.add_file(FileRow(source, "batch", "in.jsonl", blobs.path(source).stat().st_size, int(time.time())))
+    batch = BatchRow(new_batch_id(), "/v1/chat/completions", source, "24h", "validating", int(time.time()),
+                     int(time.time()) + 3600, output_blob=new_file_id(), error_blob=new_file_id())
+    store.add_batch(batch)
+    return batch.id

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from server.assignment import Slot, split_evenly
 from server.blobs import BlobDir
-from server.ids import new_batch_id, new_file_id
+from server.ids import new_file_id
 from server.runner import BatchRunner
-from server.store import BatchRow, BatchStore, FileRow, LineRow
+from server.store import BatchStore, FileRow, LineRow
 from sgl_blend.serve import ServerProcess
 from tests.batch.conftest import API_KEY
-from tests.batch.helpers import WAIT_LIMIT_S, chat_lines, jsonl
+from tests.batch.helpers import WAIT_LIMIT_S, add_batch, chat_lines
 
 
 def test_split_evenly_keeps_neighbours_together() -> None:
@@ -53,12 +53,7 @@ def test_housekeeping_deletes_expired_files(tmp_path: Path) -> None:
 def test_one_batch_over_two_workers(batch_server: ServerProcess, tmp_path: Path) -> None:
     store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
     lines = chat_lines(40, "spread")
-    source = new_file_id()
-    blobs.path(source).write_bytes(jsonl(lines))
-    store.add_file(FileRow(source, "batch", "in.jsonl", blobs.path(source).stat().st_size, int(time.time())))
-    batch = BatchRow(new_batch_id(), "/v1/chat/completions", source, "24h", "validating", int(time.time()),
-                     int(time.time()) + 3600, output_blob=new_file_id(), error_blob=new_file_id())
-    store.add_batch(batch)
+    batch_id = add_batch(store, blobs, lines)
     port = batch_server.base_url.rsplit(":", 1)[1]
     workers = [batch_server.base_url, f"http://localhost:{port}"]
     runner = BatchRunner(store, blobs, workers=workers, owner="test-runner", api_key=API_KEY, max_inflight=8)
@@ -66,18 +61,18 @@ def test_one_batch_over_two_workers(batch_server: ServerProcess, tmp_path: Path)
     async def run_until_finished() -> None:
         task = asyncio.create_task(runner.run())
         deadline = time.monotonic() + WAIT_LIMIT_S
-        while store.get_batch(batch.id).status != "completed" and time.monotonic() < deadline:
+        while store.get_batch(batch_id).status != "completed" and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(run_until_finished())
-    finished = store.get_batch(batch.id)
+    finished = store.get_batch(batch_id)
     assert finished.status == "completed" and finished.completed == 40
     done = [json.loads(line)["custom_id"] for line in blobs.path(finished.output_file_id).read_text().splitlines()]
     assert sorted(done) == sorted(line["custom_id"] for line in lines)
     with store.db.transaction() as tx:
         shares = tx.execute("SELECT worker, COUNT(*) AS n FROM batch_lines WHERE batch_id = ? GROUP BY worker",
-                            (batch.id,))
+                            (batch_id,))
     assert {row["worker"]: row["n"] for row in shares} == {workers[0]: 20, workers[1]: 20}
     store.close()

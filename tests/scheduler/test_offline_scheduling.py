@@ -9,7 +9,6 @@ overlap gives blending nothing, so BlendServe must order by prefix and match DFS
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
