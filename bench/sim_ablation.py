@@ -171,6 +171,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{_mean(vs_paced):.3f} ({min(vs_paced):.3f}-{max(vs_paced):.3f}) | {_mean(vs_order):.3f} | "
                 f"{_mean([x['blendserve']['fraction_of_t_o'] for x in s]):.3f} | "
                 f"{_mean([x['dfs']['fraction_of_t_o'] for x in s]):.3f} | {paper} |")
+    lines += ["", *reading(report)]
     for lam in MEASURED:
         lines += ["", f"Per chunk, {lam} (lambda {LAMBDAS[lam]}): throughput over DFS at the same chunk.", "",
                   "| workload | chunk | " + " | ".join(POLICIES[1:]) + " |",
@@ -181,6 +182,35 @@ def markdown(report: dict[str, Any]) -> str:
                 lines.append(f"| {row['workload']} | {chunk} | " + " | ".join(
                     f"{s[policy]['speedup_over_dfs_same_chunk'][str(chunk)]:.3f}" for policy in POLICIES[1:]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def reading(report: dict[str, Any]) -> list[str]:
+    """The comparisons the table exists for, computed from it (traces and grid subset together)."""
+    rows = report["traces"] + report["grid"]
+
+    def mean(lam: str, key) -> float:
+        return _mean([key(row["summary"][lam]) for row in rows])
+
+    both = {lam: mean(lam, lambda s: s["blendserve"]["speedup_over_dfs"]) for lam in LAMBDAS}
+    order = {lam: mean(lam, lambda s: s["blendserve-order"]["speedup_over_dfs"]) for lam in LAMBDAS}
+    pacing = mean("two-stream", lambda s: s["dfs+pacing"]["speedup_over_dfs"])
+    vs_paced = mean("two-stream", lambda s: s["blendserve"]["speedup_over_dfs_pacing"])
+    shuffled = mean("two-stream", lambda s: s["fcfs-shuffled"]["speedup_over_dfs"])
+    wins = sum(1 for row in rows if row["summary"]["two-stream"]["blendserve"]["speedup_over_dfs"]
+               > row["summary"]["two-stream"]["blendserve-order"]["speedup_over_dfs"])
+    kept = (both["no-overlap"] - 1) / (both["two-stream"] - 1) if both["two-stream"] > 1 else float("nan")
+    return ["Reading (means over all workloads above, each policy at its best chunk):", "",
+            f"- BlendServe over DFS: {both['two-stream']:.3f}x at the measured two-stream lambda, "
+            f"{both['nanoflow-bound']:.3f}x at nanoflow-bound; ordering alone (no pacing): "
+            f"{order['two-stream']:.3f}x / {order['nanoflow-bound']:.3f}x. Pacing on top of the order wins on "
+            f"{wins} of {len(rows)} workloads (two-stream).",
+            f"- Pacing alone (DFS order + Alg. 3 pacing) is {pacing:.3f}x DFS: the per-iteration budget, set for a "
+            f"blended steady state, starves a DFS order's runs of similar requests. BlendServe beats DFS + the same "
+            f"pacing by {vs_paced:.3f}x, which measures that starvation more than BlendServe's order.",
+            f"- Shuffled FCFS (NanoFlow-Balance) reaches {shuffled:.3f}x DFS at two-stream.",
+            f"- Priced with no kernel overlap at all (lambda = 1) the same schedules still give {both['no-overlap']:.3f}x: "
+            f"{kept:.0%} of the two-stream gain comes from batch composition -- prefill tokens filling decode steps "
+            f"that would otherwise be bound by reading the weights -- not from co-running GEMM and attention."]
 
 
 def plot(report: dict[str, Any], path: Path) -> Path:
@@ -200,6 +230,8 @@ def plot(report: dict[str, Any], path: Path) -> Path:
         for k, policy in enumerate(shown):
             axis.bar(positions + (k - (len(shown) - 1) / 2) * width,
                      [row["summary"][lam][policy]["speedup_over_dfs"] for row in rows], width, label=policy)
+        top = max(row["summary"][lam][policy]["speedup_over_dfs"] for row in rows for policy in shown)
+        axis.set_ylim(0, max(top, PAPER["grid_mean_speedup"]) * 1.25)
         axis.axhline(1.0, color="black", linewidth=0.8)
         axis.axhline(PAPER["grid_mean_speedup"], color="red", linestyle="--", linewidth=0.8, label="paper grid mean 1.23")
         axis.set_xticks(positions, labels, rotation=30, ha="right", fontsize=7)

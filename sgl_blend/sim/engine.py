@@ -28,7 +28,9 @@ Each iteration, as SGLang's scheduler does it:
 Only the engine knows true output lengths, and it uses them only to stop a request. Long
 decode-only stretches, when the policy proposes nothing that fits, run in closed form up to the
 next finish (at most ``max_stretch`` iterations); a pacing policy may wait that long for its
-next admission, which can only cost it.
+next admission, which can only cost it. Measured on Trace#2 at 5K requests, 2048 chunk: with
+``max_stretch=1`` (no closed form) dfs+pacing is 1.2% faster and BlendServe and DFS are
+unchanged, so the closed form is not what makes pacing slow.
 """
 
 from __future__ import annotations
