@@ -196,6 +196,12 @@ def reading(report: dict[str, Any]) -> list[str]:
     pacing = mean("two-stream", lambda s: s["dfs+pacing"]["speedup_over_dfs"])
     vs_paced = mean("two-stream", lambda s: s["blendserve"]["speedup_over_dfs_pacing"])
     shuffled = mean("two-stream", lambda s: s["fcfs-shuffled"]["speedup_over_dfs"])
+    def iterations(row: dict[str, Any], policy: str) -> int:
+        return row["runs"][policy][str(row["summary"]["two-stream"][policy]["best_chunk"])]["iterations"]
+
+    stretch = _mean([iterations(row, "dfs+pacing") / iterations(row, "dfs") for row in rows])
+    high_sharing = [row["summary"]["two-stream"] for row in report["traces"] if row["workload"] in ("trace1", "trace2")]
+    balance = _mean([x["blendserve"]["speedup_over_dfs"] / x["fcfs-shuffled"]["speedup_over_dfs"] for x in high_sharing])
     wins = sum(1 for row in rows if row["summary"]["two-stream"]["blendserve"]["speedup_over_dfs"]
                > row["summary"]["two-stream"]["blendserve-order"]["speedup_over_dfs"])
     kept = (both["no-overlap"] - 1) / (both["two-stream"] - 1) if both["two-stream"] > 1 else float("nan")
@@ -204,10 +210,12 @@ def reading(report: dict[str, Any]) -> list[str]:
             f"{both['nanoflow-bound']:.3f}x at nanoflow-bound; ordering alone (no pacing): "
             f"{order['two-stream']:.3f}x / {order['nanoflow-bound']:.3f}x. Pacing on top of the order wins on "
             f"{wins} of {len(rows)} workloads (two-stream).",
-            f"- Pacing alone (DFS order + Alg. 3 pacing) is {pacing:.3f}x DFS: the per-iteration budget, set for a "
-            f"blended steady state, starves a DFS order's runs of similar requests. BlendServe beats DFS + the same "
-            f"pacing by {vs_paced:.3f}x, which measures that starvation more than BlendServe's order.",
-            f"- Shuffled FCFS (NanoFlow-Balance) reaches {shuffled:.3f}x DFS at two-stream.",
+            f"- Pacing alone (DFS order + Alg. 3 pacing) is {pacing:.3f}x DFS: with the per-iteration prefill budget "
+            f"DFS runs {stretch:.1f}x as many iterations for the same tokens, i.e. far smaller batches, each paying "
+            f"the weight read. BlendServe beats DFS + the same pacing by {vs_paced:.3f}x, which measures that more "
+            f"than BlendServe's order.",
+            f"- Shuffled FCFS (NanoFlow-Balance) reaches {shuffled:.3f}x DFS at two-stream; on Trace#1 and #2 "
+            f"BlendServe is {balance:.3f}x it (paper: 1.36x over NanoFlow-Balance there).",
             f"- Priced with no kernel overlap at all (lambda = 1) the same schedules still give {both['no-overlap']:.3f}x: "
             f"{kept:.0%} of the two-stream gain comes from batch composition -- prefill tokens filling decode steps "
             f"that would otherwise be bound by reading the weights -- not from co-running GEMM and attention."]
