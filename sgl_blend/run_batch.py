@@ -271,14 +271,15 @@ def plan_dp_ranks(input_path: Path, done_ids: set[str], model_path: str, hardwar
 
 def policy_launch(policy: str, hardware: str | None = None) -> tuple[list[str], dict[str, str]]:
     """SGLang flags and scheduler environment for a policy: ours through the pool, or SGLang's own."""
-    from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, OFF, POLICY_ENV
+    from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, OFF, POLICY_ENV, configured_hardware
 
     env = {HARDWARE_ENV: hardware} if hardware else {}
     if policy in ("lpm", "fcfs"):
         return [*ENGINE_FLAGS, "--schedule-policy", policy], {**env, POLICY_ENV: OFF}
-    if policy == "blendserve":
+    if policy == "blendserve" and configured_hardware(name=hardware).blending_pays:
         # BlendServe's tree annotations live in the radix cache: evict the prefixes that no pending
-        # line will reuse first, since two scan sides keep two prefix families warm at once.
+        # line will reuse first, since two scan sides keep two prefix families warm at once. With
+        # one cursor (no blending on this device) SGLang's own radix cache and LRU serve DFS best.
         return [*ENGINE_FLAGS, "--schedule-policy", "fcfs", "--radix-cache-backend", "sgl-blend",
                 "--radix-eviction-policy", "priority"], {**env, POLICY_ENV: policy}
     return [*ENGINE_FLAGS, "--schedule-policy", "fcfs"], {**env, POLICY_ENV: policy}

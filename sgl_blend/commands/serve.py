@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offline-policy", choices=("blendserve", "dfs", "fcfs", "random", "psm", "off"),
                         default="blendserve", help="order of offline work (batch lines) in the scheduler")
     parser.add_argument("--hardware", default=None,
-                        help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200) or an `sgl-blend profile` JSON")
+                        help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200, cpu; default cpu without CUDA) or an `sgl-blend profile` JSON")
     batch = parser.add_argument_group("Batch API (/v1/files, /v1/batches)")
     batch.add_argument("--data-dir", type=Path, default=None,
                        help=f"where batch files and the SQLite store live (default {default_data_dir()}, "
