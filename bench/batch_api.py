@@ -12,7 +12,6 @@ Cached tokens are SGLang's own, summed from the batches' ``usage``; time is from
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -20,9 +19,9 @@ from pathlib import Path
 import openai
 
 from bench.batch_files import evaluation_lines
-from bench.real_engine import plot
+from bench.real_engine import plot, ratios, workload_parser
 from server.config import BatchApiConfig
-from sgl_blend.run_batch import POLICIES, policy_launch
+from sgl_blend.run_batch import policy_launch
 from sgl_blend.serve import start_server
 
 RESULTS = Path(__file__).parent / "results"
@@ -65,18 +64,7 @@ def run_policy(model: str, policy: str, halves: list[bytes], work: Path, kv_toke
 
 
 def main() -> None:
-    from bench.real_engine import ratios
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-llama")
-    parser.add_argument("--n", type=int, default=400, help="lines over both batches (at least 10x the window)")
-    parser.add_argument("--families", type=int, default=32)
-    parser.add_argument("--window", type=int, default=32, help="the runner's in-flight lines (--batch-max-inflight)")
-    parser.add_argument("--kv-tokens", type=int, default=8192)
-    parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--port", type=int, default=31800)
-    parser.add_argument("--out", type=Path, default=RESULTS / "batch_api.json")
-    args = parser.parse_args()
+    args = workload_parser(__doc__.splitlines()[0], 31800, RESULTS / "batch_api.json").parse_args()
     work = args.out.parent / f"{args.out.stem}-work"
     lines = evaluation_lines(args.n, families=args.families)
     halves = ["".join(json.dumps(line) + "\n" for line in lines[part::2]).encode() for part in (0, 1)]

@@ -73,17 +73,23 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_parser(description: str, port: int, out: Path) -> argparse.ArgumentParser:
+    """The flags every real-engine benchmark shares: model, batch size and shape, window, KV pool."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--n", type=int, default=400, help="lines (at least 10x the window)")
     parser.add_argument("--families", type=int, default=32)
     parser.add_argument("--window", type=int, default=32, help="in-flight lines for every policy")
-    parser.add_argument("--window-check", default="64,1024", help="extra blendserve windows")
     parser.add_argument("--kv-tokens", type=int, default=8192)
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--port", type=int, default=31700)
-    parser.add_argument("--out", type=Path, default=RESULTS / "real_engine.json")
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
+
+
+def main() -> None:
+    parser = workload_parser(__doc__.splitlines()[0], 31700, RESULTS / "real_engine.json")
+    parser.add_argument("--window-check", default="64,1024", help="extra blendserve windows")
     args = parser.parse_args()
     work = args.out.parent / f"{args.out.stem}-work"
     batch_file = write_jsonl(work / "evaluation.jsonl", evaluation_lines(args.n, families=args.families))
