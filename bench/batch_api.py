@@ -19,7 +19,7 @@ from pathlib import Path
 import openai
 
 from bench.batch_files import evaluation_lines
-from bench.real_engine import plot, ratios, workload_parser
+from bench.real_engine import ratios, workload_parser, write_report
 from server.config import BatchApiConfig
 from sgl_blend.run_batch import policy_launch
 from sgl_blend.serve import start_server
@@ -76,10 +76,7 @@ def main() -> None:
                           "split into two batches submitted together",
               "n": args.n, "kv_tokens": args.kv_tokens, "window": args.window,
               "ratios": ratios(results, args.window), "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    plot(results, args.out.with_suffix(".png"), f"Batch API, {args.model}, two batches x{args.n // 2}")
-    print(json.dumps(report, indent=2))
+    write_report(args.out, report, f"Batch API, {args.model}, two batches x{args.n // 2}")
 
 
 if __name__ == "__main__":

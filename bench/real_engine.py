@@ -73,6 +73,14 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def write_report(out: Path, report: dict, title: str) -> None:
+    """The JSON beside its bar chart, and the JSON on stdout."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    plot(report["results"], out.with_suffix(".png"), title)
+    print(json.dumps(report, indent=2))
+
+
 def workload_parser(description: str, port: int, out: Path) -> argparse.ArgumentParser:
     """The flags every real-engine benchmark shares: model, batch size and shape, window, KV pool."""
     parser = argparse.ArgumentParser(description=description)
@@ -101,10 +109,7 @@ def main() -> None:
               "model": args.model, "workload": f"evaluation: {args.families} few-shot families + 25% unique ShareGPT, shuffled",
               "n": args.n, "kv_tokens": args.kv_tokens, "window": args.window, "ratios": ratios(results, args.window),
               "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    plot(results, args.out.with_suffix(".png"), f"{args.model}, evaluation batch x{args.n}, KV {args.kv_tokens} tokens")
-    print(json.dumps(report, indent=2))
+    write_report(args.out, report, f"{args.model}, evaluation batch x{args.n}, KV {args.kv_tokens} tokens")
 
 
 if __name__ == "__main__":
