@@ -48,6 +48,22 @@ def split_evenly(lines: Sequence[LineRow], slots: Sequence[Slot],
     return assignment
 
 
+def parse_rows(rows: Sequence[LineRow], read_line: Callable[[LineRow], bytes],
+               urls: tuple[str, ...]) -> tuple[list[tuple[LineRow, BatchLine]], list[LineRow]]:
+    """The stored lines that will run, each with its parsed line, and those that fail without
+    running (marked invalid at validation, or not parsing now)."""
+    runnable: list[tuple[LineRow, BatchLine]] = []
+    invalid: list[LineRow] = []
+    for row in rows:
+        parsed = None if row.error_code else parse_line(read_line(row).decode("utf-8", "replace"),
+                                                        row.line_number, urls)
+        if isinstance(parsed, BatchLine):
+            runnable.append((row, parsed))
+        else:
+            invalid.append(row)
+    return runnable, invalid
+
+
 class PrefixAssigner:
     """BlendServe's DP partition (paper §5.5) as an `Assigner`: one prefix tree over the lines,
     planned and cut into balanced shares of whole subtrees, one share per slot. Lines that will
@@ -60,17 +76,9 @@ class PrefixAssigner:
                  read_line: Callable[[LineRow], bytes]) -> Assignment:
         if len(slots) <= 1:
             return split_evenly(lines, slots)
-        runnable: list[BatchLine] = []
-        invalid: list[LineRow] = []
-        for row in lines:
-            parsed = None if row.error_code else parse_line(read_line(row).decode("utf-8", "replace"),
-                                                            row.line_number, SUPPORTED_URLS)
-            if isinstance(parsed, BatchLine):
-                runnable.append(parsed)
-            else:
-                invalid.append(row)
-        assignment: Assignment = {slot: share for slot, share in zip(slots, self.partitioner.shares(runnable, len(slots)))
-                                  if share}
+        parsed, invalid = parse_rows(lines, read_line, SUPPORTED_URLS)
+        shares = self.partitioner.shares([line for _row, line in parsed], len(slots))
+        assignment: Assignment = {slot: share for slot, share in zip(slots, shares) if share}
         for slot, numbers in split_evenly(invalid, slots).items():
             assignment.setdefault(slot, []).extend(numbers)
         return assignment

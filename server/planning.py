@@ -14,9 +14,11 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING, Hashable
 
-from sgl_blend.batch_lines import BatchLine, parse_line
+from sgl_blend.batch_lines import BatchLine
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.line_sender import LineOutcome
+from server.assignment import parse_rows
+from server.store import LineRow
 
 if TYPE_CHECKING:
     from sgl_blend.line_plan import LinePlanner
@@ -50,10 +52,12 @@ class GlobalPlanState:
                for batch in active):
             return
         batches = [batch for batch in active if batch.row.status == "in_progress" and not batch.closing]
-        samples_done = bool(self.samples) and self.samples_back >= set(self.samples)
-        if batches and (samples_done or any(not batch.planned for batch in batches)):
+        if batches and (self._samples_done() or any(not batch.planned for batch in batches)):
             self.task = asyncio.create_task(self._plan(runner, batches))
             self.task.add_done_callback(lambda _task: runner.wake(refresh=False))
+
+    def _samples_done(self) -> bool:
+        return bool(self.samples) and self.samples_back >= self.samples.keys()
 
     def line_done(self, key: Hashable, outcome: LineOutcome) -> None:
         if key in self.samples:
@@ -71,19 +75,17 @@ class GlobalPlanState:
         lines: dict[Hashable, BatchLine] = {}
         fails: dict[str, list[int]] = defaultdict(list)
         for batch in batches:
+            input_file = batch.row.input_file_id
+
+            def read_line(row: LineRow) -> bytes:
+                return runner.blobs.read_range(input_file, row.byte_offset, row.byte_length)
+
             rows = await asyncio.to_thread(store.pending_lines, batch.id)
-            for row in rows:
-                parsed = None
-                if row.error_code is None:
-                    raw = await asyncio.to_thread(runner.blobs.read_range, batch.row.input_file_id, row.byte_offset,
-                                                  row.byte_length)
-                    parsed = parse_line(raw.decode("utf-8", "replace"), row.line_number, (batch.row.endpoint,))
-                if isinstance(parsed, BatchLine):
-                    lines[(batch.id, row.line_number)] = parsed
-                else:
-                    fails[batch.id].append(row.line_number)
+            runnable, invalid = await asyncio.to_thread(parse_rows, rows, read_line, (batch.row.endpoint,))
+            lines.update(((batch.id, row.line_number), line) for row, line in runnable)
+            fails[batch.id] = [row.line_number for row in invalid]
         items = await asyncio.to_thread(self.planner.work_items, lines)
-        samples_done = bool(self.samples) and self.samples_back >= set(self.samples)
+        samples_done = self._samples_done()
         plan = await asyncio.to_thread(self.planner.plan, list(items.values()), self.observed if samples_done else None)
         places: dict[str, list[tuple[int, int, str | None]]] = defaultdict(list)
         for batch_id, numbers in fails.items():

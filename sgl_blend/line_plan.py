@@ -18,6 +18,8 @@ from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.line_work import LineTokenizer, output_bound
 
 TOKENIZE_CHUNK = 4096
+# The policies whose lines are planned before they reach the engine; SGLang's own orders are not.
+PLANNED_POLICIES = ("blendserve", "dfs")
 
 
 class LinePlanner:
@@ -38,6 +40,14 @@ class LinePlanner:
                 bound, exact = output_bound(lines[key].body)
                 items[key] = WorkItem(key, ids, bound, exact)
         return items
+
+    @classmethod
+    def for_policy(cls, policy: str, model_path: str | Path, hardware: HardwareSpec) -> LinePlanner | None:
+        """The planner an offline policy feeds by: ``blendserve`` blends where the device allows,
+        ``dfs`` is the exact global DFS order; other policies get none."""
+        if policy not in PLANNED_POLICIES:
+            return None
+        return cls(model_path, hardware, blend=None if policy == "blendserve" else False)
 
     def plan(self, items: Sequence[WorkItem], observed: Mapping[Hashable, tuple[WorkItem, int]] | None = None) -> BatchPlan:
         """The plan of ``items``; ``observed`` holds the samples that already ran."""

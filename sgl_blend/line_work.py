@@ -9,6 +9,7 @@ or none at all: placement only decides where a line runs, never whether it runs.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
@@ -68,13 +69,16 @@ class LineTokenizer:
             return text if isinstance(text, str) else None
         prompt = body.get("prompt") if line.url == "/v1/completions" else body.get("input")
         if isinstance(prompt, str):
-            bos = self.tokenizer.bos_token if self._adds_bos() else None
-            return (bos or "") + prompt
+            return self._bos_text + prompt
         return None
 
-    def _adds_bos(self) -> bool:
+    @functools.cached_property
+    def _bos_text(self) -> str:
+        """The BOS token's text if the tokenizer adds one to a plain prompt, else empty: the batch
+        encodes without special tokens, so it is put in front of completion prompts by hand."""
         ids = self.tokenizer.encode("a", add_special_tokens=True)
-        return bool(ids) and ids[0] == self.tokenizer.bos_token_id
+        adds = bool(ids) and ids[0] == self.tokenizer.bos_token_id
+        return (self.tokenizer.bos_token or "") if adds else ""
 
     def _chat_ids(self, messages: Any) -> list[int]:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 RUN_BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
 POLICIES = ("blendserve", "dfs", "lpm", "fcfs")
-PLANNED_POLICIES = ("blendserve", "dfs")
 # Every policy runs with the same engine knobs: mixed prefill/decode batches, as the simulator models.
 ENGINE_FLAGS = ("--enable-mixed-chunk",)
 
@@ -331,7 +330,7 @@ def run_on_server(
     while_running: Callable[[ServerProcess], None] | None = None,
 ) -> tuple[JobTotals, dict[str, Any]]:
     """Run the job on a running server, its lines spread over the server's DP ranks. A
-    ``policy`` of `PLANNED_POLICIES` plans the whole job first and feeds it in plan order."""
+    ``policy`` that `LinePlanner.for_policy` plans has the whole job planned first and feeds it in plan order."""
     import threading
 
     from sgl_blend.launch_args import flag_value
@@ -345,9 +344,7 @@ def run_on_server(
     if int(info.get("dp_size") or 1) > 1:
         dp_ranks = plan_dp_ranks(input_path, finished_keys(output_path, error_path)[0], model_path, device,
                                  int(info["dp_size"]))
-    planner = None
-    if policy in PLANNED_POLICIES:
-        planner = LinePlanner(model_path, device, blend=None if policy == "blendserve" else False)
+    planner = LinePlanner.for_policy(policy, model_path, device) if policy else None
     side_thread = threading.Thread(target=while_running, args=(server,)) if while_running else None
     if side_thread:
         side_thread.start()

@@ -54,7 +54,6 @@ def _mount_batch_api(server_args: object) -> None:
 
     from sgl_blend.line_plan import LinePlanner
     from sgl_blend.line_work import LinePartitioner
-    from sgl_blend.run_batch import PLANNED_POLICIES
     from sgl_blend.sglang_plugin.scheduler_hooks import DEFAULT_POLICY, POLICY_ENV, configured_hardware
     from server.app import install_batch_api, loopback_url
     from server.assignment import PrefixAssigner
@@ -62,10 +61,7 @@ def _mount_batch_api(server_args: object) -> None:
 
     hardware = configured_hardware(server_args.tp_size)
     assigner = PrefixAssigner(LinePartitioner(server_args.model_path, hardware))
-    policy = os.environ.get(POLICY_ENV, DEFAULT_POLICY)
-    planner = None
-    if policy in PLANNED_POLICIES:
-        planner = LinePlanner(server_args.model_path, hardware, blend=None if policy == "blendserve" else False)
+    planner = LinePlanner.for_policy(os.environ.get(POLICY_ENV, DEFAULT_POLICY), server_args.model_path, hardware)
     try:
         install_batch_api(app, config, self_url=loopback_url(server_args.host, server_args.port),
                           api_key=server_args.api_key, admin_api_key=server_args.admin_api_key, assigner=assigner,

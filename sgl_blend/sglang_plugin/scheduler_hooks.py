@@ -155,12 +155,11 @@ def _pool_may_admit(req: Any) -> bool:
 
 
 @_guarded
-def _cap_prefill(adder: Any, chunk: int | None) -> None:
+def _cap_prefill(adder: Any, chunk: int | None, decodes: int) -> None:
     """Apply the policy's per-iteration prefill budget (Alg. 3's ``C_L + C_R``) to SGLang's
     chunk, by the rule the simulator uses (`prefill_room`)."""
     budget = _pool.prefill_budget()
     if chunk is not None and budget is not None and adder.rem_chunk_tokens > 0:
-        decodes = chunk - adder.rem_chunk_tokens
         adder.rem_chunk_tokens = prefill_room(chunk, decodes, budget)
         adder.rem_input_tokens = min(adder.rem_input_tokens, adder.rem_chunk_tokens)
     _pool.prefill_cap = adder.rem_chunk_tokens
@@ -254,7 +253,8 @@ def _blend_prefill_adder_class() -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             chunk = args[6] if len(args) > 6 else kwargs.get("rem_chunk_tokens")
-            _cap_prefill(self, chunk)
+            decodes = args[7] if len(args) > 7 else kwargs.get("num_mixed_decode_tokens", 0)
+            _cap_prefill(self, chunk, decodes)
 
         def add_chunked_req(self, req: Any) -> Any:
             limit = colocation.chunked_limit(req)
