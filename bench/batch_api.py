@@ -18,11 +18,11 @@ from pathlib import Path
 
 import openai
 
-from bench.batch_files import evaluation_lines
+from sgl_blend.workloads.batch_files import evaluation_lines
 from bench.real_engine import ratios, workload_parser, write_report
-from server.config import BatchApiConfig
-from sgl_blend.run_batch import policy_launch
-from sgl_blend.serve import start_server
+from sgl_blend.server.config import BatchApiConfig
+from sgl_blend.jobs.run_batch import policy_launch
+from sgl_blend.launch.supervisor import start_server
 
 RESULTS = Path(__file__).parent / "results"
 API_KEY = "sk-bench"

@@ -49,7 +49,7 @@ H2D_SAMPLES = ((1048576, 3.2017e-05), (16777216, 3.18247e-04), (67108864, 1.2393
 
 
 def rt_lengths(count: int, seed: int) -> list[tuple[int, int]]:
-    from bench.workloads import sharegpt
+    from sgl_blend.workloads import sharegpt
 
     return [(request.prompt_len, request.output_len) for request in sharegpt.load(count, seed=seed)]
 
@@ -101,7 +101,7 @@ def client_metrics(timings: list[Any], be_done: int, window_s: float, slo: SLO) 
 def synthetic_be_lines(count: int, seed: int) -> list[Any]:
     """Offline lines with prompts of U(512, 1024) tokens (words from a small vocabulary, about a
     token each) and U(32, 128) output tokens."""
-    from sgl_blend.batch_lines import BatchLine, parse_line
+    from sgl_blend.jobs.lines import BatchLine, parse_line
 
     rng = random.Random(seed)
     words = ["alpha", "river", "stone", "light", "paper", "cloud", "green", "metal", "field", "north"]
@@ -122,11 +122,11 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
     from bench.colocation import online_trace, sharegpt_prompts
-    from sgl_blend.colocation_launch import colocation_launch, with_free_port
+    from sgl_blend.launch.colocation import colocation_launch, with_free_port
     from sgl_blend.core.colocation import ColocationConfig
     from sgl_blend.core.latency_model import load_model
-    from sgl_blend.online_replay import OfflineLoad, replay_with_offline
-    from sgl_blend.serve import start_server
+    from sgl_blend.measure.online_replay import OfflineLoad, replay_with_offline
+    from sgl_blend.launch.supervisor import start_server
     from sgl_blend.sglang_plugin.scheduler_hooks import OFF, POLICY_ENV
 
     slo = SLO()

@@ -31,18 +31,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.batch_files import fewshot_lines, iter_sharegpt_conversations
+from sgl_blend.workloads.batch_files import fewshot_lines, iter_sharegpt_conversations
 from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
-from bench.workloads.arrivals import arrival_times
-from sgl_blend.batch_lines import BatchLine, parse_line
-from sgl_blend.colocation_launch import colocation_launch, with_free_port
+from sgl_blend.workloads.arrivals import arrival_times
+from sgl_blend.jobs.lines import BatchLine, parse_line
+from sgl_blend.launch.colocation import colocation_launch, with_free_port
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.latency_model import load_model
 from sgl_blend.core.slo_search import SLO, search_budget, violations
-from sgl_blend.online_replay import OfflineLoad, OnlineRequest, RequestTiming, replay_with_offline, summarize
-from sgl_blend.serve import ServerProcess, start_server
+from sgl_blend.measure.online_replay import OfflineLoad, OnlineRequest, RequestTiming, replay_with_offline, summarize
+from sgl_blend.launch.supervisor import ServerProcess, start_server
 from sgl_blend.sglang_plugin.scheduler_hooks import OFF, POLICY_ENV, UTILITY_ENV
-from sgl_blend.slo_profiler import set_colocation
+from sgl_blend.measure.slo_profiler import set_colocation
 
 RESULTS = Path(__file__).parent / "results"
 SLO_METRICS = ("ttft_p99", "tbt_p99")

@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
-from bench.workloads import sharegpt
-from bench.workloads.arrivals import PATTERNS, arrival_times
-from bench.workloads.mixer import named_workload
+from sgl_blend.workloads import sharegpt
+from sgl_blend.workloads.arrivals import PATTERNS, arrival_times
+from sgl_blend.workloads.mixer import named_workload
 from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.core.slo_search import SLO, search_budget, violations
-from sgl_blend.online_replay import summarize
+from sgl_blend.measure.online_replay import summarize
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, ColocatedResult, OnlineArrival
 from sgl_blend.sim.lpm_policy import SGLangLPMPolicy
 from sgl_blend.sim.overlap import overlap_function

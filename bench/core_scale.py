@@ -34,7 +34,7 @@ import time
 from array import array
 from pathlib import Path
 
-from bench.batch_files import iter_sharegpt_conversations
+from sgl_blend.workloads.batch_files import iter_sharegpt_conversations
 from sgl_blend.core.cost_model import HardwareSpec, model_spec
 from sgl_blend.core.policies import make_policy
 from sgl_blend.core.prefill_room import prefill_room

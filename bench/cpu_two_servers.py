@@ -19,10 +19,10 @@ from typing import Any
 
 import openai
 
-from bench.batch_files import fewshot_lines, write_jsonl
-from server.config import BatchApiConfig
-from sgl_blend.batch_client import submit, wait
-from sgl_blend.serve import start_server
+from sgl_blend.workloads.batch_files import fewshot_lines, write_jsonl
+from sgl_blend.server.config import BatchApiConfig
+from sgl_blend.client.batches import submit, wait
+from sgl_blend.launch.supervisor import start_server
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from kernels.corun import corun_grid, fit_report, green_partitions, measure_corun
-from kernels.profile import run_profile
-from kernels.transfer import measure_transfers, peak_bandwidth
+from sgl_blend.kernels.corun import corun_grid, fit_report, green_partitions, measure_corun
+from sgl_blend.kernels.profile import run_profile
+from sgl_blend.kernels.transfer import measure_transfers, peak_bandwidth
 
 RESULTS = Path(__file__).parent / "results"
 

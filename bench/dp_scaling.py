@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.workloads.mixer import TABLE2_TRACES, mix
+from sgl_blend.workloads.mixer import TABLE2_TRACES, mix
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.dp_shares import WorkItem, plan_shares
 from sgl_blend.sim.overlap import hardware_overlap

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.workloads.mixer import GRID_DENSITIES, GRID_SHARINGS, TABLE2_TRACES, mix
+from sgl_blend.workloads.mixer import GRID_DENSITIES, GRID_SHARINGS, TABLE2_TRACES, mix
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.sim.engine import EngineConfig
 from sgl_blend.sim.metrics import compare_to, summarise, workload_bound

@@ -18,8 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.batch_files import evaluation_lines, write_jsonl
-from sgl_blend.run_batch import POLICIES, run_on_fresh_server
+from sgl_blend.workloads.batch_files import evaluation_lines, write_jsonl
+from sgl_blend.jobs.run_batch import POLICIES, run_on_fresh_server
 
 RESULTS = Path(__file__).parent / "results"
 

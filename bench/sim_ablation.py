@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.workloads.mixer import TABLE2_TRACES, mix
+from sgl_blend.workloads.mixer import TABLE2_TRACES, mix
 from sgl_blend.core.cost_model import (
     PARTITION_BOUND_INTERFERENCE, TWO_STREAM_INTERFERENCE, CostModel, HardwareSpec, model_spec,
 )

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from kernels.timing import median_seconds
+from sgl_blend.kernels.timing import median_seconds
 from sgl_blend.sim.overlap import fit_overlap
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128

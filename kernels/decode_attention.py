@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.timing import median_seconds
+from sgl_blend.kernels.timing import median_seconds
 
 
 @dataclass

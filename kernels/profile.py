@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from kernels.decode_attention import measure_decode_attention
-from kernels.gemm import measure_gemm
+from sgl_blend.kernels.decode_attention import measure_decode_attention
+from sgl_blend.kernels.gemm import measure_gemm
 from sgl_blend.core.cost_model import HardwareSpec
 
 CPU_KV_FRACTION = 0.25

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.timing import median_seconds
+from sgl_blend.kernels.timing import median_seconds
 
 MIB = 2**20
 

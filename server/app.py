@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from fastapi import FastAPI
 
-from server.assignment import Assigner, split_evenly
-from server.blobs import BlobDir
-from server.config import BatchApiConfig
-from server.errors import ApiError, api_error_handler
-from server.routes import ApiContext, build_router
-from server.runner import BatchRunner
-from server.store import BatchStore
+from sgl_blend.server.assignment import Assigner, split_evenly
+from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.config import BatchApiConfig
+from sgl_blend.server.errors import ApiError, api_error_handler
+from sgl_blend.server.routes import ApiContext, build_router
+from sgl_blend.server.runner import BatchRunner
+from sgl_blend.server.store import BatchStore
 
 if TYPE_CHECKING:
-    from sgl_blend.line_plan import LinePlanner
+    from sgl_blend.jobs.line_plan import LinePlanner
 
 
 def loopback_url(host: str, port: int) -> str:

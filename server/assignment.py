@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from sgl_blend.batch_lines import SUPPORTED_URLS, BatchLine, parse_line
-from sgl_blend.line_work import LinePartitioner
-from server.store import LineRow
+from sgl_blend.jobs.lines import SUPPORTED_URLS, BatchLine, parse_line
+from sgl_blend.jobs.line_work import LinePartitioner
+from sgl_blend.server.store import LineRow
 
 
 @dataclass(frozen=True, order=True)

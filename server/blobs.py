@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from server.ids import is_file_id
+from sgl_blend.server.ids import is_file_id
 
 PARTIAL_SUFFIX = ".part"
 STALE_PARTIAL_S = 3600.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from server.store import BatchRow, FileRow
+from sgl_blend.server.store import BatchRow, FileRow
 
 
 def file_object(row: FileRow) -> dict[str, Any]:

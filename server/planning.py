@@ -14,15 +14,15 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING, Hashable
 
-from sgl_blend.batch_lines import BatchLine
+from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.core.dp_shares import WorkItem
-from sgl_blend.line_sender import LineOutcome
-from server.assignment import parse_rows
-from server.store import LineRow
+from sgl_blend.jobs.sender import LineOutcome
+from sgl_blend.server.assignment import parse_rows
+from sgl_blend.server.store import LineRow
 
 if TYPE_CHECKING:
-    from sgl_blend.line_plan import LinePlanner
-    from server.runner import BatchRunner, _ActiveBatch
+    from sgl_blend.jobs.line_plan import LinePlanner
+    from sgl_blend.server.runner import BatchRunner, _ActiveBatch
 
 logger = logging.getLogger(__name__)
 FAILS_AT_ONCE_RANK = -1  # lines that fail without running go first: they cost nothing

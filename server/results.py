@@ -26,9 +26,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from sgl_blend.line_sender import LineOutcome
-from server.blobs import BlobDir
-from server.store import AlreadyCommitted, BatchCommit, BatchStore, LeaseLost
+from sgl_blend.jobs.sender import LineOutcome
+from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.store import AlreadyCommitted, BatchCommit, BatchStore, LeaseLost
 
 logger = logging.getLogger(__name__)
 RETRY_DELAY_S = 1.0

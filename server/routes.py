@@ -18,14 +18,14 @@ from typing import Any, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from sgl_blend.batch_lines import SUPPORTED_URLS
-from server.blobs import BlobDir
-from server.config import BatchApiConfig
-from server.errors import ApiError, not_found
-from server.ids import is_batch_id, is_file_id, new_batch_id, new_file_id
-from server.objects import batch_object, file_object, list_object
-from server.store import BatchRow, BatchStore, Conflict, FileRow
-from server.uploads import BadUpload, UploadTooLarge, receive_upload
+from sgl_blend.jobs.lines import SUPPORTED_URLS
+from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.config import BatchApiConfig
+from sgl_blend.server.errors import ApiError, not_found
+from sgl_blend.server.ids import is_batch_id, is_file_id, new_batch_id, new_file_id
+from sgl_blend.server.objects import batch_object, file_object, list_object
+from sgl_blend.server.store import BatchRow, BatchStore, Conflict, FileRow
+from sgl_blend.server.uploads import BadUpload, UploadTooLarge, receive_upload
 
 INPUT_PURPOSE = "batch"
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512

@@ -29,20 +29,20 @@ from typing import TYPE_CHECKING, Sequence
 
 import aiohttp
 
-from sgl_blend.batch_lines import LineError, error_record, line_error_record, parse_line
-from sgl_blend.line_sender import (LineOutcome, LineUsage, WorkerUnreachable, abort_requests, open_session,
+from sgl_blend.jobs.lines import LineError, error_record, line_error_record, parse_line
+from sgl_blend.jobs.sender import (LineOutcome, LineUsage, WorkerUnreachable, abort_requests, open_session,
                                    send_line)
 from sgl_blend.core.placement import Placement
 from sgl_blend.offline import offline_headers
-from server.assignment import Assigner, Slot, split_evenly, worker_slots
-from server.blobs import BlobDir
-from server.planning import GlobalPlanState
-from server.results import LineResult, ResultWriter
-from server.store import BatchRow, BatchStore, Conflict, FileRow, LeaseLost, LineRow
-from server.validation import FileRejected, index_input_file
+from sgl_blend.server.assignment import Assigner, Slot, split_evenly, worker_slots
+from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.planning import GlobalPlanState
+from sgl_blend.server.results import LineResult, ResultWriter
+from sgl_blend.server.store import BatchRow, BatchStore, Conflict, FileRow, LeaseLost, LineRow
+from sgl_blend.server.validation import FileRejected, index_input_file
 
 if TYPE_CHECKING:
-    from sgl_blend.line_plan import LinePlanner
+    from sgl_blend.jobs.line_plan import LinePlanner
 
 logger = logging.getLogger(__name__)
 OUTPUT_PURPOSE = "batch_output"

@@ -21,10 +21,10 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from server.db import Database, open_database
+from sgl_blend.server.db import Database, open_database
 
 if TYPE_CHECKING:
-    from server.assignment import Slot
+    from sgl_blend.server.assignment import Slot
 
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_STATUSES = ("completed", "failed", "expired", "cancelled")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from sgl_blend.batch_lines import LineError, duplicate_id_error, parse_line
-from server.store import LineRow
+from sgl_blend.jobs.lines import LineError, duplicate_id_error, parse_line
+from sgl_blend.server.store import LineRow
 
 
 class FileRejected(Exception):

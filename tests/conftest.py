@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from sgl_blend.serve import ServerProcess, start_server
+from sgl_blend.launch.supervisor import ServerProcess, start_server
 
 
 def free_port() -> int:

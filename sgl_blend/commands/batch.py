@@ -12,7 +12,7 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sgl_blend.batch_client import API_KEY_ENV, DEFAULT_URL, URL_ENV
+    from sgl_blend.client.batches import API_KEY_ENV, DEFAULT_URL, URL_ENV
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=None, help=f"server URL (default ${URL_ENV} or {DEFAULT_URL})")
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import openai
 
-    from sgl_blend import batch_client
+    from sgl_blend.client import batches as batch_client
 
     client = batch_client.connect(args.url, args.api_key)
     try:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _submit(client, args: argparse.Namespace) -> int:
-    from sgl_blend import batch_client
+    from sgl_blend.client import batches as batch_client
 
     metadata = dict(_pair(item) for item in args.metadata) or None
     batch = batch_client.submit(client, args.file, endpoint=args.endpoint,
@@ -85,7 +85,7 @@ def _status(client, args: argparse.Namespace) -> int:
 
 
 def _cancel(client, args: argparse.Namespace) -> int:
-    from sgl_blend import batch_client
+    from sgl_blend.client import batches as batch_client
 
     batch = client.batches.cancel(args.batch_id)
     if args.wait:
@@ -95,7 +95,7 @@ def _cancel(client, args: argparse.Namespace) -> int:
 
 
 def _download(client, args: argparse.Namespace) -> int:
-    from sgl_blend import batch_client
+    from sgl_blend.client import batches as batch_client
 
     batch = client.batches.retrieve(args.batch_id)
     written = batch_client.download(client, batch, args.output_dir)

@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import openai
 
-    from server.config import BatchApiConfig
-    from sgl_blend.serve import ServerStartError, start_server
+    from sgl_blend.server.config import BatchApiConfig
+    from sgl_blend.launch.supervisor import ServerStartError, start_server
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
     log = args.work_dir / "server.log"
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         ).choices[0].message.content
         print(f"[demo] chat> {question}\n[demo] {args.model}> {answer}", flush=True)
         if args.batch_lines:
-            from sgl_blend.demo_batch import run_demo_batch
+            from sgl_blend.jobs.demo import run_demo_batch
 
             run_demo_batch(client, args.work_dir, args.batch_lines)
     finally:

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sgl_blend.launch_plan import plan_launch
+    from sgl_blend.launch.deployment import plan_launch
 
     nodes = tuple(node.strip() for node in args.nodes.split(",") if node.strip())
     try:

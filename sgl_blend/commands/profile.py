@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if args.extra_args:
         print(f"error: unrecognized arguments: {' '.join(args.extra_args)}")
         return 2
-    from kernels.profile import format_table, run_profile
+    from sgl_blend.kernels.profile import format_table, run_profile
 
     out = args.out or Path("hw.json")
     report = run_profile(out, args.device, args.quick)
@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_latency(args: argparse.Namespace) -> int:
     import sys
 
-    from sgl_blend.latency_profile import format_report, profile_latency
-    from sgl_blend.serve import ServerStartError
+    from sgl_blend.measure.latency_profile import format_report, profile_latency
+    from sgl_blend.launch.supervisor import ServerStartError
 
     if args.repeats < 1:
         print("error: --repeats must be at least 1", file=sys.stderr)

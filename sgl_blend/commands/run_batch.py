@@ -13,7 +13,7 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sgl_blend.run_batch import POLICIES
+    from sgl_blend.jobs.run_batch import POLICIES
 
     parser.add_argument("-i", "--input", type=Path, required=True, help="input JSONL (OpenAI batch line format)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="output JSONL (appended; resumable)")
@@ -35,8 +35,8 @@ def _stop_like_ctrl_c(_signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sgl_blend.run_batch import run_on_fresh_server
-    from sgl_blend.serve import ServerStartError
+    from sgl_blend.jobs.run_batch import run_on_fresh_server
+    from sgl_blend.launch.supervisor import ServerStartError
 
     if not args.input.is_file():
         print(f"error: no input file {args.input}", file=sys.stderr)

@@ -7,14 +7,14 @@ import signal
 import sys
 from pathlib import Path
 
-from sgl_blend.colocation_cli import add_colocation_arguments
+from sgl_blend.launch.colocation_flags import add_colocation_arguments
 
 NAME = "serve"
 HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from server.config import (DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES, DEFAULT_MAX_INFLIGHT,
+    from sgl_blend.server.config import (DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES, DEFAULT_MAX_INFLIGHT,
                                DEFAULT_WORKER_GRACE_S, default_data_dir)
 
     parser.add_argument("--model", required=True,
@@ -60,7 +60,7 @@ def _urls(text: str) -> tuple[str, ...]:
 
 def batch_api_config(args: argparse.Namespace):
     """The Batch API configuration the flags ask for, or None for ``--no-batch-api``."""
-    from server.config import BatchApiConfig, default_data_dir
+    from sgl_blend.server.config import BatchApiConfig, default_data_dir
 
     if args.no_batch_api:
         return None
@@ -71,9 +71,9 @@ def batch_api_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from sgl_blend.colocation_cli import colocation_server_settings
-    from sgl_blend.launch_args import with_defaults
-    from sgl_blend.serve import ServerStartError, serve_forever, start_server
+    from sgl_blend.launch.colocation_flags import colocation_server_settings
+    from sgl_blend.launch.flags import with_defaults
+    from sgl_blend.launch.supervisor import ServerStartError, serve_forever, start_server
 
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, POLICY_ENV

@@ -36,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_workload(spec: str, n: int, cost, seed: int) -> tuple[list, dict]:
-    from bench.workloads import io, sharegpt
-    from bench.workloads.mixer import named_workload
+    from sgl_blend.workloads import io, sharegpt
+    from sgl_blend.workloads.mixer import named_workload
 
     if spec.endswith(".jsonl"):
         return io.load_jsonl(Path(spec))
@@ -50,7 +50,7 @@ def load_workload(spec: str, n: int, cost, seed: int) -> tuple[list, dict]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from bench.workloads import io
+    from sgl_blend.workloads import io
     from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
     from sgl_blend.sim.engine import EngineConfig
     from sgl_blend.sim.metrics import compare_to, summarise, workload_bound

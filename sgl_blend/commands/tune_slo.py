@@ -42,10 +42,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     trace, lines, model = settings
-    from sgl_blend.colocation_launch import colocation_launch, with_free_port
+    from sgl_blend.launch.colocation import colocation_launch, with_free_port
     from sgl_blend.core.colocation import ColocationConfig
-    from sgl_blend.serve import ServerStartError, start_server
-    from sgl_blend.slo_profiler import tune_budget
+    from sgl_blend.launch.supervisor import ServerStartError, start_server
+    from sgl_blend.measure.slo_profiler import tune_budget
 
     server = None
     base_url = args.url
@@ -86,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _checked(args: argparse.Namespace, requested: dict[str, str]):
     """Everything that can be wrong with the inputs, found before any server starts."""
-    from sgl_blend.batch_lines import BatchLine
+    from sgl_blend.jobs.lines import BatchLine
     from sgl_blend.core.latency_model import load_model
-    from sgl_blend.online_replay import load_trace
-    from sgl_blend.run_batch import read_lines
+    from sgl_blend.measure.online_replay import load_trace
+    from sgl_blend.jobs.run_batch import read_lines
 
     if not requested:
         raise ValueError("give at least one SLO: --ttft-p99, --ttft-mean, --tbt-p99 or --tbt-mean")

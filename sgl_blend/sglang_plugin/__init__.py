@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sgl_blend import __version__, cpu_compat
+from sgl_blend import __version__
+from sgl_blend.launch import cpu_compat
 
 INTERNAL_STATE_TARGET = (
     "sglang.srt.managers.scheduler_components.internal_state."

@@ -115,7 +115,7 @@ def configured_hardware(tp_size: int = 1, name: str | None = None) -> HardwareSp
     measured ``cpu`` profile, whose overlap makes BlendServe order by prefix with one cursor."""
     from sgl_blend.core.cost_model import HardwareSpec
 
-    from sgl_blend.cpu_compat import cuda_present
+    from sgl_blend.launch.cpu_compat import cuda_present
 
     default = DEFAULT_HARDWARE if cuda_present() else CPU_HARDWARE
     return HardwareSpec.resolve(name or os.environ.get(HARDWARE_ENV, default)).scaled(tp_size)

@@ -19,8 +19,8 @@ import openai
 import psycopg
 import pytest
 
-from server.config import BatchApiConfig
-from sgl_blend.serve import ServerProcess, start_server
+from sgl_blend.server.config import BatchApiConfig
+from sgl_blend.launch.supervisor import ServerProcess, start_server
 from tests.conftest import free_port
 
 API_KEY = "sk-batch-test"

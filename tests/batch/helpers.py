@@ -9,9 +9,9 @@ from typing import Any
 import openai
 from openai.types import Batch
 
-from server.blobs import BlobDir
-from server.ids import new_batch_id, new_file_id
-from server.store import BatchRow, BatchStore, FileRow
+from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.ids import new_batch_id, new_file_id
+from sgl_blend.server.store import BatchRow, BatchStore, FileRow
 
 FINISHED = ("completed", "failed", "expired", "cancelled")
 # A guard against a hung server, not a performance target: every batch here needs seconds.

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from sgl_blend.serve import ServerProcess
+from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import API_KEY, MAX_FILE_BYTES, MAX_FILE_LINES
 from tests.batch.helpers import (chat_line, chat_lines, create_batch, jsonl, mixed_lines, records, upload,
                                  wait_until)

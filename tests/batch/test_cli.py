@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sgl_blend.serve import ServerProcess
+from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import API_KEY
 from tests.batch.helpers import chat_lines, jsonl
 

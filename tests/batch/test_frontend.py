@@ -12,7 +12,7 @@ from pathlib import Path
 import sglang as sgl
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 
-from sgl_blend.serve import ServerProcess
+from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import API_KEY
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "frontend_offline.py"

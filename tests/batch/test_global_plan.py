@@ -14,12 +14,12 @@ from pathlib import Path
 
 import requests
 
-from server.blobs import BlobDir
-from server.runner import BatchRunner
-from server.store import BatchStore
-from sgl_blend.line_plan import LinePlanner
+from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.runner import BatchRunner
+from sgl_blend.server.store import BatchStore
+from sgl_blend.jobs.line_plan import LinePlanner
 from sgl_blend.models.registry import model_dir
-from sgl_blend.serve import ServerProcess
+from sgl_blend.launch.supervisor import ServerProcess
 from sgl_blend.sglang_plugin.scheduler_hooks import configured_hardware
 from tests.batch.conftest import API_KEY
 from tests.batch.helpers import WAIT_LIMIT_S, add_batch, chat_line

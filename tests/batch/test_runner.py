@@ -8,12 +8,12 @@ import json
 import time
 from pathlib import Path
 
-from server.assignment import Slot, split_evenly
-from server.blobs import BlobDir
-from server.ids import new_file_id
-from server.runner import BatchRunner
-from server.store import BatchStore, FileRow, LineRow
-from sgl_blend.serve import ServerProcess
+from sgl_blend.server.assignment import Slot, split_evenly
+from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.ids import new_file_id
+from sgl_blend.server.runner import BatchRunner
+from sgl_blend.server.store import BatchStore, FileRow, LineRow
+from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import API_KEY
 from tests.batch.helpers import WAIT_LIMIT_S, add_batch, chat_lines
 

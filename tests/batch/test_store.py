@@ -9,11 +9,11 @@ from typing import Iterator
 
 import pytest
 
-from server.assignment import Slot
-from server.db import SQLITE_FILE, StoreInUse
-from server.ids import new_batch_id, new_file_id
-from server.store import AlreadyCommitted, BatchCommit, BatchRow, BatchStore, Conflict, FileRow, LeaseLost
-from server.validation import FileRejected, index_input_file
+from sgl_blend.server.assignment import Slot
+from sgl_blend.server.db import SQLITE_FILE, StoreInUse
+from sgl_blend.server.ids import new_batch_id, new_file_id
+from sgl_blend.server.store import AlreadyCommitted, BatchCommit, BatchRow, BatchStore, Conflict, FileRow, LeaseLost
+from sgl_blend.server.validation import FileRejected, index_input_file
 from tests.batch.conftest import new_database
 from tests.batch.helpers import chat_line, jsonl
 

@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from sgl_blend.colocation_cli import add_colocation_arguments, colocation_config
-from sgl_blend.colocation_launch import colocation_launch
+from sgl_blend.launch.colocation_flags import add_colocation_arguments, colocation_config
+from sgl_blend.launch.colocation import colocation_launch
 from sgl_blend.core.bros.cost import SwapModel
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import BUILTIN_MODELS, HardwareSpec

@@ -13,9 +13,9 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from sgl_blend.colocation_launch import colocation_launch
+from sgl_blend.launch.colocation import colocation_launch
 from sgl_blend.core.colocation import ColocationConfig
-from sgl_blend.serve import ServerProcess, start_server
+from sgl_blend.launch.supervisor import ServerProcess, start_server
 from sgl_blend.sglang_plugin.scheduler_hooks import OFF, POLICY_ENV
 from tests.bros.test_bros_launch_and_sim import MODEL
 from tests.colocation.test_colocation_server import generate, plugin_state, tokens

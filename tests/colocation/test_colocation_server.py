@@ -17,10 +17,10 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from sgl_blend.colocation_launch import colocation_launch
+from sgl_blend.launch.colocation import colocation_launch
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.offline import offline_routing_key
-from sgl_blend.serve import ServerProcess, start_server
+from sgl_blend.launch.supervisor import ServerProcess, start_server
 from sgl_blend.sglang_plugin.scheduler_hooks import POLICY_ENV
 from tests.conftest import free_port
 

@@ -10,11 +10,11 @@ import random
 
 import pytest
 
-from bench.workloads.arrivals import BURST_HIGH, BURST_LOW, arrival_times
+from sgl_blend.workloads.arrivals import BURST_HIGH, BURST_LOW, arrival_times
 from sgl_blend.core.colocation import ColocationConfig, ColocationController, IterationView
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.psm_policy import make_offline_policy
-from sgl_blend.online_replay import summarize
+from sgl_blend.measure.online_replay import summarize
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, ColocatedResult, OnlineArrival
 from sgl_blend.sim.overlap import overlap_function
 from sgl_blend.sim.step_time import NoisyClock, StepTime, fit_latency

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.corun import CorunSample, fit_report, measure_corun
-from kernels.transfer import measure_transfers, peak_bandwidth
+from sgl_blend.kernels.corun import CorunSample, fit_report, measure_corun
+from sgl_blend.kernels.transfer import measure_transfers, peak_bandwidth
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sgl_blend.launch_args import CPU_DEFAULT_FLAGS, flag_value, with_defaults
+from sgl_blend.launch.flags import CPU_DEFAULT_FLAGS, flag_value, with_defaults
 
 
 def test_user_flags_win_over_defaults() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import requests
 
-from sgl_blend.serve import ServerProcess
+from sgl_blend.launch.supervisor import ServerProcess
 
 
 def test_generate_returns_text(tiny_server: ServerProcess) -> None:

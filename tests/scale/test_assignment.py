@@ -7,10 +7,10 @@ import json
 from collections import Counter
 
 from sgl_blend.core.cost_model import BUILTIN_HARDWARE
-from sgl_blend.line_work import LinePartitioner
+from sgl_blend.jobs.line_work import LinePartitioner
 from sgl_blend.models.registry import resolve_model_path
-from server.assignment import PrefixAssigner, Slot, worker_slots
-from server.store import LineRow
+from sgl_blend.server.assignment import PrefixAssigner, Slot, worker_slots
+from sgl_blend.server.store import LineRow
 from tests.scale.lines import family_lines, family_of
 
 

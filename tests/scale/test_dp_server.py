@@ -12,10 +12,10 @@ from typing import Any, Iterator
 import openai
 import pytest
 
-from server.config import BatchApiConfig
-from server.db import SQLITE_FILE
-from sgl_blend.run_batch import run_on_server, server_info
-from sgl_blend.serve import ServerProcess, start_server
+from sgl_blend.server.config import BatchApiConfig
+from sgl_blend.server.db import SQLITE_FILE
+from sgl_blend.jobs.run_batch import run_on_server, server_info
+from sgl_blend.launch.supervisor import ServerProcess, start_server
 from tests.batch.helpers import create_batch, jsonl, records, wait_until
 from tests.conftest import free_port
 from tests.scale.lines import family_lines, family_of

@@ -7,8 +7,8 @@ import shlex
 import pytest
 
 from sgl_blend.cli import main
-from sgl_blend.launch_args import flag_value
-from sgl_blend.launch_plan import plan_launch
+from sgl_blend.launch.flags import flag_value
+from sgl_blend.launch.deployment import plan_launch
 
 
 def test_one_node_splits_its_gpus_into_dp_ranks_of_tp_groups() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import openai
 
-from server.config import BatchApiConfig
-from sgl_blend.serve import start_server
+from sgl_blend.server.config import BatchApiConfig
+from sgl_blend.launch.supervisor import start_server
 from tests.batch.conftest import new_database
 from tests.batch.helpers import WAIT_LIMIT_S, create_batch, records, wait_until
 from tests.conftest import free_port

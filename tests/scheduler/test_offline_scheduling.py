@@ -16,9 +16,9 @@ from typing import Any, Callable
 import pytest
 import requests
 
-from bench.batch_files import fewshot_lines, iter_jsonl, write_jsonl
-from sgl_blend.run_batch import JobTotals, run_on_fresh_server
-from sgl_blend.serve import ServerProcess
+from sgl_blend.workloads.batch_files import fewshot_lines, iter_jsonl, write_jsonl
+from sgl_blend.jobs.run_batch import JobTotals, run_on_fresh_server
+from sgl_blend.launch.supervisor import ServerProcess
 from tests.conftest import free_port
 
 KV_TOKENS = "8192"

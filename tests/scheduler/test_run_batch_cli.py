@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.batch_files import sharegpt_lines, write_jsonl
+from sgl_blend.workloads.batch_files import sharegpt_lines, write_jsonl
 from tests.conftest import free_port
 
 

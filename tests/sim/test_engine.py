@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from bench.workloads.mixer import mix
+from sgl_blend.workloads.mixer import mix
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.sim.engine import EngineConfig, SimEngine
 from sgl_blend.sim.iteration_cost import IterationCost

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.workloads import io
-from bench.workloads.mixer import mix
-from bench.workloads.synthetic import TRACES, generate
+from sgl_blend.workloads import io
+from sgl_blend.workloads.mixer import mix
+from sgl_blend.workloads.synthetic import TRACES, generate
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.sim.metrics import workload_bound
 from sgl_blend.sim.overlap import overlap_function

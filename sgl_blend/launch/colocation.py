@@ -11,7 +11,7 @@ import socket
 from typing import Sequence
 
 from sgl_blend.core.colocation import ENV_VAR, ColocationConfig
-from sgl_blend.launch_args import given_flags, with_defaults
+from sgl_blend.launch.flags import given_flags, with_defaults
 
 COLOCATION_FLAGS: tuple[tuple[str, str | None], ...] = (
     ("--enable-mixed-chunk", None),

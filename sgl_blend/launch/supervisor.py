@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from sgl_blend import cpu_compat
-from sgl_blend.launch_args import CPU_DEFAULT_FLAGS, CPU_ENV, flag_value, with_defaults
+from sgl_blend.launch import cpu_compat
+from sgl_blend.launch.flags import CPU_DEFAULT_FLAGS, CPU_ENV, flag_value, with_defaults
 from sgl_blend.models.registry import resolve_model_path
-from server.config import CONFIG_ENV as BATCH_API_ENV
+from sgl_blend.server.config import CONFIG_ENV as BATCH_API_ENV
 
 if TYPE_CHECKING:
-    from server.config import BatchApiConfig
+    from sgl_blend.server.config import BatchApiConfig
 
 DEFAULT_PORT = 30000
 STOP_GRACE_S = 15.0
@@ -100,7 +100,7 @@ def start_server(
         env.update(batch_api.to_env())
     log = open(log_path, "ab") if log_path else None
     process = subprocess.Popen(
-        [sys.executable, "-m", "sgl_blend.server_main", *argv],
+        [sys.executable, "-m", "sgl_blend.launch.http_process", *argv],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT if log else None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from sgl_blend import cpu_compat
+from sgl_blend.launch import cpu_compat
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
 def _bind_cpu_ranks(server_args: object) -> None:
     """On a CPU, give each scheduler process (DP x TP x PP of them) its own cores, unless the user
     chose a binding: SGLang's default wants one NUMA node per rank and refuses to start without."""
-    from sgl_blend.launch_args import CPU_THREADS_BIND_ENV, cpu_thread_binding
+    from sgl_blend.launch.flags import CPU_THREADS_BIND_ENV, cpu_thread_binding
 
     ranks = server_args.dp_size * server_args.tp_size * server_args.pp_size
     if ranks > 1 and not cpu_compat.cuda_present() and not os.environ.get(CPU_THREADS_BIND_ENV):
@@ -43,7 +43,7 @@ def _bind_cpu_ranks(server_args: object) -> None:
 
 
 def _mount_batch_api(server_args: object) -> None:
-    from server.config import BatchApiConfig
+    from sgl_blend.server.config import BatchApiConfig
 
     config = BatchApiConfig.from_env()
     if config is None:
@@ -52,12 +52,12 @@ def _mount_batch_api(server_args: object) -> None:
         sys.exit("error: the Batch API needs --tokenizer-worker-num 1 (or sgl-blend serve --no-batch-api)")
     from sglang.srt.entrypoints.http_server import app
 
-    from sgl_blend.line_plan import LinePlanner
-    from sgl_blend.line_work import LinePartitioner
+    from sgl_blend.jobs.line_plan import LinePlanner
+    from sgl_blend.jobs.line_work import LinePartitioner
     from sgl_blend.sglang_plugin.scheduler_hooks import DEFAULT_POLICY, POLICY_ENV, configured_hardware
-    from server.app import install_batch_api, loopback_url
-    from server.assignment import PrefixAssigner
-    from server.db import StoreInUse
+    from sgl_blend.server.app import install_batch_api, loopback_url
+    from sgl_blend.server.assignment import PrefixAssigner
+    from sgl_blend.server.db import StoreInUse
 
     hardware = configured_hardware(server_args.tp_size)
     assigner = PrefixAssigner(LinePartitioner(server_args.model_path, hardware))

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Hashable, Mapping, Sequence
 
-from sgl_blend.batch_lines import BatchLine
+from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.core.batch_plan import BatchPlan, plan_batch
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.dp_shares import WorkItem
-from sgl_blend.line_work import LineTokenizer, output_bound
+from sgl_blend.jobs.line_work import LineTokenizer, output_bound
 
 TOKENIZE_CHUNK = 4096
 # The policies whose lines are planned before they reach the engine; SGLang's own orders are not.

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import aiohttp
 
-from sgl_blend.batch_lines import BatchLine, output_record
+from sgl_blend.jobs.lines import BatchLine, output_record
 
 # The routes whose request carries SGLang's ``routed_dp_rank`` (embedding requests have no such field).
 DP_ROUTED_URLS = ("/v1/chat/completions", "/v1/completions")

@@ -15,9 +15,9 @@ import urllib.request
 from dataclasses import asdict
 from typing import Any, Callable, Sequence
 
-from sgl_blend.batch_lines import BatchLine
+from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.core.slo_search import SLO, SearchResult, search_budget
-from sgl_blend.online_replay import OfflineLoad, OnlineRequest, replay_with_offline, summarize
+from sgl_blend.measure.online_replay import OfflineLoad, OnlineRequest, replay_with_offline, summarize
 
 BASELINE = "baseline"
 

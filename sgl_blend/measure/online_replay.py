@@ -23,7 +23,7 @@ from typing import Any, Iterable, Sequence
 import aiohttp
 import numpy as np
 
-from sgl_blend.batch_lines import BatchLine
+from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.offline import offline_headers
 
 OFFLINE_JOB = "colocation-load"

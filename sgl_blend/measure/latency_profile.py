@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence
 import aiohttp
 
 from sgl_blend.core.latency_model import BatchShape, FitReport, fit_forms
-from sgl_blend.online_replay import fresh_connections
+from sgl_blend.measure.online_replay import fresh_connections
 
 DECODE_STEPS = 48
 DECODER_HEAD_START_S = 0.15
@@ -129,10 +129,10 @@ def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int 
                     sglang_args: Sequence[str] = (), cache_dir: Path | None = None) -> dict[str, Any]:
     """Start a server, run the grid ``repeats`` times, fit, and write the report to ``out``
     (and the raw per-iteration records beside it, ``<out>.records.jsonl``)."""
-    from sgl_blend.colocation_launch import COLOCATION_FLAGS, with_free_port
-    from sgl_blend.launch_args import with_defaults
+    from sgl_blend.launch.colocation import COLOCATION_FLAGS, with_free_port
+    from sgl_blend.launch.flags import with_defaults
     from sgl_blend.models.registry import resolve_model_path
-    from sgl_blend.serve import start_server
+    from sgl_blend.launch.supervisor import start_server
     from sgl_blend.sglang_plugin.iteration_log import LOG_ENV
     from sgl_blend.sglang_plugin.scheduler_hooks import OFF, POLICY_ENV
 

@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Se
 import aiohttp
 from tqdm import tqdm
 
-from sgl_blend.batch_lines import BatchLine, LineError, duplicate_id_error, line_error_record, parse_line
-from sgl_blend.line_sender import LineUsage, WorkerUnreachable, open_session, send_line
+from sgl_blend.jobs.lines import BatchLine, LineError, duplicate_id_error, line_error_record, parse_line
+from sgl_blend.jobs.sender import LineUsage, WorkerUnreachable, open_session, send_line
 from sgl_blend.offline import offline_headers
 
 if TYPE_CHECKING:
     from sgl_blend.core.cost_model import HardwareSpec
     from sgl_blend.core.placement import Placement
-    from sgl_blend.line_plan import LinePlanner
-    from sgl_blend.serve import ServerProcess
+    from sgl_blend.jobs.line_plan import LinePlanner
+    from sgl_blend.launch.supervisor import ServerProcess
 
 RUN_BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
 POLICIES = ("blendserve", "dfs", "lpm", "fcfs")
@@ -259,7 +259,7 @@ def _show_rate(bar: tqdm, totals: JobTotals, start: float) -> None:
 def plan_dp_ranks(input_path: Path, done_ids: set[str], model_path: str, hardware: HardwareSpec,
                   dp_size: int) -> dict[int, int]:
     """line number -> DP rank for the lines still to run (first occurrence of each custom_id)."""
-    from sgl_blend.line_work import LinePartitioner, shares_by_rank
+    from sgl_blend.jobs.line_work import LinePartitioner, shares_by_rank
 
     lines: dict[str, BatchLine] = {}
     for item in read_lines(input_path):
@@ -305,7 +305,7 @@ def run_on_fresh_server(
     thread alongside the job (online traffic, for instance) and is joined before the server stops.
     ``scheduler_env`` adds plugin settings (recording the policy's calls, for instance).
     """
-    from sgl_blend.serve import start_server
+    from sgl_blend.launch.supervisor import start_server
 
     flags, env = policy_launch(policy, hardware)
     server = start_server(model, ["--enable-cache-report", *flags, *sglang_args], log_path=server_log,
@@ -333,8 +333,8 @@ def run_on_server(
     ``policy`` that `LinePlanner.for_policy` plans has the whole job planned first and feeds it in plan order."""
     import threading
 
-    from sgl_blend.launch_args import flag_value
-    from sgl_blend.line_plan import LinePlanner
+    from sgl_blend.launch.flags import flag_value
+    from sgl_blend.jobs.line_plan import LinePlanner
     from sgl_blend.sglang_plugin.scheduler_hooks import configured_hardware
 
     info = server_info(server)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.workloads.synthetic import generate
+from sgl_blend.workloads.synthetic import generate
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.sim.workload import SimRequest
 
@@ -58,7 +58,7 @@ class _Stream:
 
 def _generate(trace: str, n: int, seed: int) -> list[SimRequest]:
     if trace == "sharegpt":
-        from bench.workloads import sharegpt
+        from sgl_blend.workloads import sharegpt
 
         return sharegpt.load(n, seed)
     return generate(trace, n, seed)

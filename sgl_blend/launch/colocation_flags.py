@@ -69,7 +69,7 @@ def colocation_config(args: argparse.Namespace) -> ColocationConfig:
 def colocation_server_settings(args: argparse.Namespace,
                                sglang_args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """``sglang_args`` plus what the co-location flags in ``args`` add, and the scheduler environment."""
-    from sgl_blend.colocation_launch import colocation_launch
+    from sgl_blend.launch.colocation import colocation_launch
     from sgl_blend.sglang_plugin.scheduler_hooks import UTILITY_ENV
 
     config = colocation_config(args)

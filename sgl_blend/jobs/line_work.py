@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from sgl_blend.batch_lines import BatchLine
+from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.dp_shares import WorkItem, plan_shares
 from sgl_blend.core.output_length import DEFAULT_FALLBACK

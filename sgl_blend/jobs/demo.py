@@ -10,9 +10,9 @@ from pathlib import Path
 
 import openai
 
-from bench.batch_files import fewshot_lines, sharegpt_lines, write_jsonl
-from sgl_blend.batch_client import download, submit, wait
-from sgl_blend.line_sender import LineUsage
+from sgl_blend.workloads.batch_files import fewshot_lines, sharegpt_lines, write_jsonl
+from sgl_blend.client.batches import download, submit, wait
+from sgl_blend.jobs.sender import LineUsage
 
 
 def demo_lines(n: int) -> list[dict]:
