@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.planner import Plan
-from sgl_blend.core.policies import POLICIES, PlannedPolicy, make_policy
+from sgl_blend.core.policies import PlannedPolicy, make_policy
 
 DEFAULT_UTILITY = 0.9
 
@@ -61,8 +61,6 @@ class PSMPolicy(PlannedPolicy):
         order = utility_order(dfs, oldest_first, self.utility, random.Random(self.seed + self.plans))
         return Plan(order, len(order), 0.0, 0, 1.0)
 
-
-OFFLINE_POLICIES = (*POLICIES, PSMPolicy.name)
 
 
 def make_offline_policy(name: str, model: ModelSpec, hardware: HardwareSpec, **options) -> PlannedPolicy:

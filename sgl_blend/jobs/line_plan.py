@@ -15,11 +15,10 @@ from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.core.batch_plan import BatchPlan, plan_batch
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.dp_shares import WorkItem
+from sgl_blend.core.policy_registry import REGISTRY
 from sgl_blend.jobs.line_work import LineTokenizer, output_bound
 
 TOKENIZE_CHUNK = 4096
-# The policies whose lines are planned before they reach the engine; SGLang's own orders are not.
-PLANNED_POLICIES = ("blendserve", "dfs")
 
 
 class LinePlanner:
@@ -45,7 +44,7 @@ class LinePlanner:
     def for_policy(cls, policy: str, model_path: str | Path, hardware: HardwareSpec) -> LinePlanner | None:
         """The planner an offline policy feeds by: ``blendserve`` blends where the device allows,
         ``dfs`` is the exact global DFS order; other policies get none."""
-        if policy not in PLANNED_POLICIES:
+        if not REGISTRY[policy].planned:
             return None
         return cls(model_path, hardware, blend=None if policy == "blendserve" else False)
 

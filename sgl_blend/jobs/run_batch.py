@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Se
 import aiohttp
 from tqdm import tqdm
 
+from sgl_blend.core.policy_registry import RUN_BATCH, lookup, names_for
 from sgl_blend.jobs.lines import BatchLine, LineError, duplicate_id_error, line_error_record, parse_line
 from sgl_blend.jobs.sender import LineUsage, WorkerUnreachable, open_session, send_line
 from sgl_blend.offline import offline_headers
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from sgl_blend.launch.supervisor import ServerProcess
 
 RUN_BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
-POLICIES = ("blendserve", "dfs", "lpm", "fcfs")
+POLICIES = names_for(RUN_BATCH)
 # Every policy runs with the same engine knobs: mixed prefill/decode batches, as the simulator models.
 ENGINE_FLAGS = ("--enable-mixed-chunk",)
 
@@ -272,16 +273,17 @@ def policy_launch(policy: str, hardware: str | None = None) -> tuple[list[str], 
     """SGLang flags and scheduler environment for a policy: ours through the pool, or SGLang's own."""
     from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, OFF, POLICY_ENV, configured_hardware
 
+    entry = lookup(policy, RUN_BATCH)
     env = {HARDWARE_ENV: hardware} if hardware else {}
-    if policy in ("lpm", "fcfs"):
-        return [*ENGINE_FLAGS, "--schedule-policy", policy], {**env, POLICY_ENV: OFF}
+    if not entry.in_plugin:
+        return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule], {**env, POLICY_ENV: OFF}
     if policy == "blendserve" and configured_hardware(name=hardware).blending_pays:
         # BlendServe's tree annotations live in the radix cache: evict the prefixes that no pending
         # line will reuse first, since two scan sides keep two prefix families warm at once. With
         # one cursor (no blending on this device) SGLang's own radix cache and LRU serve DFS best.
-        return [*ENGINE_FLAGS, "--schedule-policy", "fcfs", "--radix-cache-backend", "sgl-blend",
+        return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule, "--radix-cache-backend", "sgl-blend",
                 "--radix-eviction-policy", "priority"], {**env, POLICY_ENV: policy}
-    return [*ENGINE_FLAGS, "--schedule-policy", "fcfs"], {**env, POLICY_ENV: policy}
+    return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule], {**env, POLICY_ENV: policy}
 
 
 def run_on_fresh_server(

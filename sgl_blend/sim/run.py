@@ -16,29 +16,24 @@ import random
 from typing import Callable, Sequence
 
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
-from sgl_blend.core.policies import POLICIES, PlannedPolicy, make_policy
+from sgl_blend.core.policies import PlannedPolicy, make_policy
+from sgl_blend.core.policy_registry import SIM, lookup, names_for
 from sgl_blend.sim.engine import EngineConfig, SimEngine
 from sgl_blend.sim.lpm_policy import SGLangLPMPolicy
 from sgl_blend.sim.metrics import SimResult
 from sgl_blend.sim.overlap import OverlapFunction
 from sgl_blend.sim.workload import SimRequest
 
-# variant name -> (core policy, paced override or None for the policy's default)
-VARIANTS: dict[str, tuple[str, bool | None]] = {
-    "dfs+pacing": ("dfs", True),
-    "blendserve-order": ("blendserve", False),
-    "fcfs-shuffled": ("fcfs", None),
-}
-SIM_POLICIES = (*POLICIES, SGLangLPMPolicy.name, *VARIANTS)
+SIM_POLICIES = names_for(SIM)
 
 
 def make_sim_policy(name: str, model: ModelSpec, hardware: HardwareSpec, seed: int = 0) -> PlannedPolicy:
     """The policy (or ablation variant) ``name``, renamed to ``name`` so results say which."""
-    if name == SGLangLPMPolicy.name:
+    entry = lookup(name, SIM)
+    if entry.name == SGLangLPMPolicy.name:
         return SGLangLPMPolicy(CostModel(model, hardware), seed=seed)
-    base, paced = VARIANTS.get(name, (name, None))
-    policy = make_policy(base, model, hardware, seed=seed) if paced is None else \
-        make_policy(base, model, hardware, seed=seed, paced=paced)
+    options = {} if entry.paced is None else {"paced": entry.paced}
+    policy = make_policy(entry.core_policy, model, hardware, seed=seed, **options)
     policy.name = name
     return policy
 
@@ -46,7 +41,7 @@ def make_sim_policy(name: str, model: ModelSpec, hardware: HardwareSpec, seed: i
 def submission_order(requests: Sequence[SimRequest], policy_name: str, seed: int) -> list[SimRequest]:
     """The order requests reach the policy: a seeded shuffle for ``fcfs-shuffled``, else as given."""
     ordered = list(requests)
-    if policy_name == "fcfs-shuffled":
+    if lookup(policy_name, SIM).shuffled:
         random.Random(seed).shuffle(ordered)
     return ordered
 

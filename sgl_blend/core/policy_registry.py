@@ -1,0 +1,80 @@
+"""Every offline-ordering name sgl-blend accepts: what it is and where it runs.
+
+`sgl-blend serve --offline-policy`, `run-batch --policy` and `sim --policy` take their choices
+from here, so a name means one ordering wherever it is given. ``fcfs`` is the plugin's arrival
+order in every surface (the same pool, prefill cap and engine flags as BlendServe), never
+SGLang's ordering with the plugin off; ``lpm`` is SGLang's own longest-prefix-match, which the
+engine runs itself (the plugin's pool stays out) and the simulator models. Ablation variants
+exist only in the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SERVE, RUN_BATCH, SIM = "serve", "run-batch", "sim"
+EVERYWHERE = frozenset((SERVE, RUN_BATCH, SIM))
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    """``in_plugin``: the plugin's offline pool orders the work (else SGLang's
+    ``--schedule-policy`` named by ``sglang_schedule`` does, or the user's, when None).
+    ``planned``: run-batch and the Batch API plan every line before the engine sees it.
+    ``base``/``paced``/``shuffled``: a simulator ablation of another entry."""
+
+    name: str
+    summary: str
+    surfaces: frozenset[str]
+    in_plugin: bool = True
+    sglang_schedule: str | None = "fcfs"
+    planned: bool = False
+    base: str | None = None
+    paced: bool | None = None
+    shuffled: bool = False
+
+    @property
+    def core_policy(self) -> str:
+        """The core policy class that runs this entry."""
+        return self.base or self.name
+
+
+ENTRIES = (
+    PolicyEntry("blendserve", "BlendServe: resource-aware prefix tree, dual-scan admission (DFS order with one "
+                "cursor where the device's overlap makes blending lose)", EVERYWHERE, planned=True),
+    PolicyEntry("dfs", "the exact DFS order of the global prefix tree: most prefix sharing, no blending",
+                EVERYWHERE, planned=True),
+    PolicyEntry("fcfs", "arrival order, through the plugin's pool", EVERYWHERE),
+    PolicyEntry("random", "a seeded random order, through the plugin's pool", EVERYWHERE),
+    PolicyEntry("psm", "HyGen's prefix-sharing maximisation with a fairness utility (--psm-utility)",
+                frozenset((SERVE, RUN_BATCH))),
+    PolicyEntry("lpm", "SGLang's own longest-prefix-match order; the plugin's pool stays out", EVERYWHERE,
+                in_plugin=False, sglang_schedule="lpm"),
+    PolicyEntry("off", "the plugin leaves ordering to SGLang (its --schedule-policy)", frozenset((SERVE,)),
+                in_plugin=False, sglang_schedule=None),
+    PolicyEntry("dfs+pacing", "ablation: DFS order admitted at BlendServe's pace", frozenset((SIM,)),
+                base="dfs", paced=True),
+    PolicyEntry("blendserve-order", "ablation: BlendServe's order without its pacing", frozenset((SIM,)),
+                base="blendserve", paced=False),
+    PolicyEntry("fcfs-shuffled", "ablation: arrival order over a seeded shuffle of the workload", frozenset((SIM,)),
+                base="fcfs", shuffled=True),
+)
+REGISTRY: dict[str, PolicyEntry] = {entry.name: entry for entry in ENTRIES}
+
+
+def names_for(surface: str) -> tuple[str, ...]:
+    """The names a surface accepts, in the registry's order."""
+    return tuple(entry.name for entry in ENTRIES if surface in entry.surfaces)
+
+
+def lookup(name: str, surface: str) -> PolicyEntry:
+    """The entry for ``name`` on ``surface``; the error lists what that surface accepts."""
+    entry = REGISTRY.get(name)
+    if entry is None or surface not in entry.surfaces:
+        raise ValueError(f"unknown policy {name!r} for {surface}; known: {', '.join(names_for(surface))}")
+    return entry
+
+
+def describe(surface: str) -> str:
+    """One line per name, for ``--help``."""
+    return "; ".join(f"{entry.name}: {entry.summary}" for entry in ENTRIES if surface in entry.surfaces)
