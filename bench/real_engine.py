@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from sgl_blend.workloads.batch_files import evaluation_lines, write_jsonl
-from sgl_blend.jobs.run_batch import POLICIES, run_on_fresh_server
+from sgl_blend.jobs.run_batch import run_on_fresh_server
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -89,7 +89,7 @@ def workload_parser(description: str, port: int, out: Path) -> argparse.Argument
     parser.add_argument("--families", type=int, default=32)
     parser.add_argument("--window", type=int, default=32, help="in-flight lines for every policy")
     parser.add_argument("--kv-tokens", type=int, default=8192)
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--policies", default="blendserve,dfs,lpm,fcfs")
     parser.add_argument("--port", type=int, default=port)
     parser.add_argument("--out", type=Path, default=out)
     return parser

@@ -13,14 +13,14 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sgl_blend.jobs.run_batch import POLICIES
+    from sgl_blend.core.policy_registry import RUN_BATCH, describe, names_for
 
     parser.add_argument("-i", "--input", type=Path, required=True, help="input JSONL (OpenAI batch line format)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="output JSONL (appended; resumable)")
     parser.add_argument("--error-file", type=Path, default=None, help="error JSONL (default: OUTPUT with .errors.jsonl)")
     parser.add_argument("--model", required=True, help="tiny-llama, smollm2-135m, or a model path")
-    parser.add_argument("--policy", choices=POLICIES, default="blendserve",
-                        help="offline order: BlendServe, exact DFS, or SGLang's own lpm/fcfs")
+    parser.add_argument("--policy", choices=names_for(RUN_BATCH), default="blendserve",
+                        help="offline order: " + describe(RUN_BATCH))
     parser.add_argument("--hardware", default=None, help="hardware profile for the cost model (name or hw.json)")
     parser.add_argument("--max-inflight", type=int, default=1024, help="lines handed to the scheduler at once")
     parser.add_argument("--server-log", type=Path, default=None, help="where the server's output goes")

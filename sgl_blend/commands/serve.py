@@ -7,6 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
+from sgl_blend.core.policy_registry import SERVE, describe, lookup, names_for
 from sgl_blend.launch.colocation_flags import add_colocation_arguments
 
 NAME = "serve"
@@ -24,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detach", action="store_true",
                         help="return once /health is 200 and leave the server running (prints its pid)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /health")
-    parser.add_argument("--offline-policy", choices=("blendserve", "dfs", "fcfs", "random", "psm", "off"),
-                        default="blendserve", help="order of offline work (batch lines) in the scheduler")
+    parser.add_argument("--offline-policy", choices=names_for(SERVE), default="blendserve",
+                        help="order of offline work (batch lines) in the scheduler: " + describe(SERVE))
     parser.add_argument("--hardware", default=None,
                         help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200, cpu; default cpu without CUDA) or an `sgl-blend profile` JSON")
     batch = parser.add_argument_group("Batch API (/v1/files, /v1/batches)")
@@ -78,10 +79,15 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, POLICY_ENV
 
-    env = {POLICY_ENV: args.offline_policy, **({HARDWARE_ENV: args.hardware} if args.hardware else {})}
+    policy = lookup(args.offline_policy, SERVE)
+    env = {POLICY_ENV: policy.name if policy.in_plugin else "off",
+           **({HARDWARE_ENV: args.hardware} if args.hardware else {})}
     batch_api = batch_api_config(args)
+    defaults = (("--schedule-policy", policy.sglang_schedule),) if not policy.in_plugin and policy.sglang_schedule else ()
     # A batch's usage reports cached prompt tokens only when SGLang reports them per request.
-    sglang_args = with_defaults(args.extra_args, (("--enable-cache-report", None),)) if batch_api else args.extra_args
+    if batch_api:
+        defaults += (("--enable-cache-report", None),)
+    sglang_args = with_defaults(args.extra_args, defaults)
     try:
         sglang_args, colocation_env = colocation_server_settings(args, sglang_args)
     except ValueError as error:

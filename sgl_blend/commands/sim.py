@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from sgl_blend.core.policy_registry import SIM, describe, lookup
+
 NAME = "sim"
 HELP = __doc__.splitlines()[0]
 
@@ -16,8 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trace1..trace4 (Table 2), DENSITY:SHARING (e.g. 1.2:0.25), sharegpt, or a workload JSONL")
     parser.add_argument("--n", type=int, default=40000, help="requests in a generated workload")
     parser.add_argument("--policy", default="blendserve",
-                        help="comma-separated: blendserve, dfs, fcfs, random, lpm, and the ablation variants "
-                             "dfs+pacing, blendserve-order, fcfs-shuffled")
+                        help="comma-separated: " + describe(SIM))
     parser.add_argument("--model", default="llama-3.1-8b", help="built-in model name or HF model directory")
     parser.add_argument("--hardware", default="a100-80g", help="a100-80g, h100-sxm, h200, or a profile JSON")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree, as a hardware scale")
@@ -56,12 +57,14 @@ def run(args: argparse.Namespace) -> int:
     from sgl_blend.sim.metrics import compare_to, summarise, workload_bound
     from sgl_blend.sim.overlap import hardware_overlap
     from sgl_blend.sim.plot import binned, plot_steps
-    from sgl_blend.sim.run import SIM_POLICIES, simulate
+    from sgl_blend.sim.run import simulate
 
     policies = args.policy.split(",")
-    unknown = [name for name in policies if name not in SIM_POLICIES]
-    if unknown:
-        print(f"error: unknown policy {', '.join(unknown)}; known: {', '.join(SIM_POLICIES)}", file=sys.stderr)
+    try:
+        for name in policies:
+            lookup(name, SIM)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     model, hardware = model_spec(args.model), HardwareSpec.resolve(args.hardware).scaled(args.tp)
     cost = CostModel(model, hardware)

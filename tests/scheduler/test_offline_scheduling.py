@@ -99,4 +99,4 @@ def test_blendserve_on_this_cpu_scans_one_side_unpaced(runs: dict[str, PolicyRun
 def test_online_requests_complete_during_the_job(runs: dict[str, PolicyRun]) -> None:
     answers = runs["blendserve"].online_answers
     assert len(answers) >= 2 and all(answers)
-    assert runs["fcfs"].plugin["offline"] is None
+    assert runs["fcfs"].plugin["offline"]["policy"] == "fcfs"
