@@ -21,7 +21,7 @@ import openai
 from sgl_blend.workloads.batch_files import evaluation_lines
 from bench.real_engine import ratios, workload_parser, write_report
 from sgl_blend.server.config import BatchApiConfig
-from sgl_blend.jobs.run_batch import policy_launch
+from sgl_blend.jobs.fresh_server import policy_launch
 from sgl_blend.launch.supervisor import start_server
 
 RESULTS = Path(__file__).parent / "results"

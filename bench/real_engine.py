@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from sgl_blend.workloads.batch_files import evaluation_lines, write_jsonl
-from sgl_blend.jobs.run_batch import run_on_fresh_server
+from sgl_blend.jobs.fresh_server import run_on_fresh_server
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -35,7 +35,7 @@ def _stop_like_ctrl_c(_signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sgl_blend.jobs.run_batch import run_on_fresh_server
+    from sgl_blend.jobs.fresh_server import run_on_fresh_server
     from sgl_blend.launch.supervisor import ServerStartError
 
     if not args.input.is_file():

@@ -19,26 +19,20 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TextIO
 
 import aiohttp
 from tqdm import tqdm
 
-from sgl_blend.core.policy_registry import RUN_BATCH, lookup, names_for
 from sgl_blend.jobs.lines import BatchLine, LineError, duplicate_id_error, line_error_record, parse_line
 from sgl_blend.jobs.sender import LineUsage, WorkerUnreachable, open_session, send_line
 from sgl_blend.offline import offline_headers
 
 if TYPE_CHECKING:
-    from sgl_blend.core.cost_model import HardwareSpec
     from sgl_blend.core.placement import Placement
     from sgl_blend.jobs.line_plan import LinePlanner
-    from sgl_blend.launch.supervisor import ServerProcess
 
 RUN_BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
-POLICIES = names_for(RUN_BATCH)
-# Every policy runs with the same engine knobs: mixed prefill/decode batches, as the simulator models.
-ENGINE_FLAGS = ("--enable-mixed-chunk",)
 
 
 @dataclass
@@ -255,121 +249,3 @@ def _show_rate(bar: tqdm, totals: JobTotals, start: float) -> None:
     elapsed = max(time.monotonic() - start, 1e-9)
     bar.set_postfix(tok_s=f"{(totals.usage.prompt_tokens + totals.usage.completion_tokens) / elapsed:.0f}",
                     failed=totals.failed, refresh=False)
-
-
-def plan_dp_ranks(input_path: Path, done_ids: set[str], model_path: str, hardware: HardwareSpec,
-                  dp_size: int) -> dict[int, int]:
-    """line number -> DP rank for the lines still to run (first occurrence of each custom_id)."""
-    from sgl_blend.jobs.line_work import LinePartitioner, shares_by_rank
-
-    lines: dict[str, BatchLine] = {}
-    for item in read_lines(input_path):
-        if isinstance(item, BatchLine) and item.custom_id not in done_ids:
-            lines.setdefault(item.custom_id, item)
-    return shares_by_rank(LinePartitioner(model_path, hardware).shares(lines.values(), dp_size))
-
-
-def policy_launch(policy: str, hardware: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """SGLang flags and scheduler environment for a policy: ours through the pool, or SGLang's own."""
-    from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, OFF, POLICY_ENV, configured_hardware
-
-    entry = lookup(policy, RUN_BATCH)
-    env = {HARDWARE_ENV: hardware} if hardware else {}
-    if not entry.in_plugin:
-        return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule], {**env, POLICY_ENV: OFF}
-    if policy == "blendserve" and configured_hardware(name=hardware).blending_pays:
-        # BlendServe's tree annotations live in the radix cache: evict the prefixes that no pending
-        # line will reuse first, since two scan sides keep two prefix families warm at once. With
-        # one cursor (no blending on this device) SGLang's own radix cache and LRU serve DFS best.
-        return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule, "--radix-cache-backend", "sgl-blend",
-                "--radix-eviction-policy", "priority"], {**env, POLICY_ENV: policy}
-    return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule], {**env, POLICY_ENV: policy}
-
-
-def run_on_fresh_server(
-    model: str,
-    policy: str,
-    input_path: Path,
-    output_path: Path,
-    error_path: Path,
-    *,
-    sglang_args: Sequence[str] = (),
-    hardware: str | None = None,
-    server_log: Path | None = None,
-    show_progress: bool = True,
-    max_inflight: int = 1024,
-    while_running: Callable[[ServerProcess], None] | None = None,
-    scheduler_env: Mapping[str, str] | None = None,
-) -> tuple[JobTotals, dict[str, Any]]:
-    """Start a server for one policy, run the job, and stop it.
-
-    Returns the job totals and the plugin's final scheduler state. ``while_running`` runs in a
-    thread alongside the job (online traffic, for instance) and is joined before the server stops.
-    ``scheduler_env`` adds plugin settings (recording the policy's calls, for instance).
-    """
-    from sgl_blend.launch.supervisor import start_server
-
-    flags, env = policy_launch(policy, hardware)
-    server = start_server(model, ["--enable-cache-report", *flags, *sglang_args], log_path=server_log,
-                          extra_env={**env, **(scheduler_env or {})})
-    try:
-        return run_on_server(server, input_path, output_path, error_path, hardware=hardware, policy=policy,
-                             show_progress=show_progress, max_inflight=max_inflight, while_running=while_running)
-    finally:
-        server.stop()
-
-
-def run_on_server(
-    server: ServerProcess,
-    input_path: Path,
-    output_path: Path,
-    error_path: Path,
-    *,
-    hardware: str | None = None,
-    policy: str | None = None,
-    show_progress: bool = True,
-    max_inflight: int = 1024,
-    while_running: Callable[[ServerProcess], None] | None = None,
-) -> tuple[JobTotals, dict[str, Any]]:
-    """Run the job on a running server, its lines spread over the server's DP ranks. A
-    ``policy`` that `LinePlanner.for_policy` plans has the whole job planned first and feeds it in plan order."""
-    import threading
-
-    from sgl_blend.launch.flags import flag_value
-    from sgl_blend.jobs.line_plan import LinePlanner
-    from sgl_blend.sglang_plugin.scheduler_hooks import configured_hardware
-
-    info = server_info(server)
-    model_path = flag_value(server.argv, "--model-path")
-    device = configured_hardware(int(info.get("tp_size") or 1), hardware)
-    dp_ranks = None
-    if int(info.get("dp_size") or 1) > 1:
-        dp_ranks = plan_dp_ranks(input_path, finished_keys(output_path, error_path)[0], model_path, device,
-                                 int(info["dp_size"]))
-    planner = LinePlanner.for_policy(policy, model_path, device) if policy else None
-    side_thread = threading.Thread(target=while_running, args=(server,)) if while_running else None
-    if side_thread:
-        side_thread.start()
-    totals = asyncio.run(run_job(input_path, output_path, error_path, server.base_url, api_key=server.api_key,
-                                 max_inflight=max_inflight, show_progress=show_progress, dp_ranks=dp_ranks,
-                                 planner=planner))
-    if side_thread:
-        side_thread.join()
-    return totals, scheduler_plugin_state(server)
-
-
-def server_info(server: ServerProcess) -> dict[str, Any]:
-    import urllib.request
-
-    request = urllib.request.Request(f"{server.base_url}/server_info",
-                                     headers={"Authorization": f"Bearer {server.api_key}"} if server.api_key else {})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.load(response)
-
-
-def scheduler_plugin_state(server: ServerProcess) -> dict[str, Any]:
-    """The plugin's state as the first DP rank's scheduler reports it in ``/server_info``, with
-    every rank's own state, by rank, under ``ranks`` when there are several."""
-    states = [state.get("sgl_blend", {}) for state in server_info(server)["internal_states"]]
-    states.sort(key=lambda state: state.get("dp_rank") or 0)
-    return {**states[0], "ranks": states} if len(states) > 1 else states[0]

@@ -14,7 +14,7 @@ import pytest
 
 from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.server.db import SQLITE_FILE
-from sgl_blend.jobs.run_batch import run_on_server, server_info
+from sgl_blend.jobs.fresh_server import run_on_server, server_info
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from tests.batch.helpers import create_batch, jsonl, records, wait_until
 from tests.conftest import free_port

@@ -17,7 +17,8 @@ import pytest
 import requests
 
 from sgl_blend.workloads.batch_files import fewshot_lines, iter_jsonl, write_jsonl
-from sgl_blend.jobs.run_batch import JobTotals, run_on_fresh_server
+from sgl_blend.jobs.fresh_server import run_on_fresh_server
+from sgl_blend.jobs.run_batch import JobTotals
 from sgl_blend.launch.supervisor import ServerProcess
 from tests.conftest import free_port
 

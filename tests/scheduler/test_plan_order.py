@@ -21,7 +21,8 @@ from sgl_blend.core.cost_model import ModelSpec
 from sgl_blend.core.policy_log import replay
 from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.models.registry import model_dir
-from sgl_blend.jobs.run_batch import JobTotals, run_on_fresh_server
+from sgl_blend.jobs.fresh_server import run_on_fresh_server
+from sgl_blend.jobs.run_batch import JobTotals
 from sgl_blend.sglang_plugin.scheduler_hooks import RECORD_CALLS_ENV, configured_hardware
 from tests.conftest import free_port
 
