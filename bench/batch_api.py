@@ -31,11 +31,11 @@ API_KEY = "sk-bench"
 def run_policy(model: str, policy: str, halves: list[bytes], work: Path, kv_tokens: int, port: int,
                window: int) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    flags, env = policy_launch(policy)
+    flags, settings = policy_launch(policy)
     config = BatchApiConfig(data_dir=work / "data", max_inflight=window)
     server = start_server(model, ["--port", str(port), "--api-key", API_KEY, "--enable-cache-report",
                                   "--max-total-tokens", str(kv_tokens), *flags],
-                          log_path=work / "server.log", extra_env=env, batch_api=config)
+                          log_path=work / "server.log", settings=settings, batch_api=config)
     try:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
         files = [client.files.create(file=(f"half{index}.jsonl", data), purpose="batch").id

@@ -127,7 +127,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     from sgl_blend.core.latency_model import load_model
     from sgl_blend.measure.online_replay import OfflineLoad, replay_with_offline
     from sgl_blend.launch.supervisor import start_server
-    from sgl_blend.sglang_plugin.scheduler_hooks import OFF, POLICY_ENV
+    from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
 
     slo = SLO()
     prompts = sharegpt_prompts(400, args.seed, max_chars=2000, max_tokens_cap=64)
@@ -135,13 +135,13 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     lines = synthetic_be_lines(64, args.seed)
     base = ["--max-total-tokens", str(args.engine_kv_tokens)]
     bros = ColocationConfig(mode="bros", latency_model=load_model(args.latency_model, "bros").to_dict())
-    bros_args, bros_env = colocation_launch(bros, with_free_port(base))
-    modes = {"sglang-default": (with_free_port(base), {POLICY_ENV: OFF}),
-             "bros": (bros_args, {**bros_env, POLICY_ENV: OFF})}
+    bros_settings = PluginSettings(offline_policy=OFF, colocation=bros)
+    modes = {"sglang-default": (with_free_port(base), PluginSettings(offline_policy=OFF)),
+             "bros": (colocation_launch(bros_settings, with_free_port(base)), bros_settings)}
     results: dict[str, Any] = {}
-    for name, (sglang_args, env) in modes.items():
+    for name, (sglang_args, settings) in modes.items():
         server = start_server("tiny-llama", sglang_args, log_path=args.out.with_name(f"bros-engine-{name}.log"),
-                              extra_env=env)
+                              settings=settings)
         try:
             offline = OfflineLoad(server.base_url, lines, concurrency=args.engine_be_concurrency)
             timings, window = asyncio.run(replay_with_offline(server.base_url, trace, offline))

@@ -41,7 +41,7 @@ from sgl_blend.core.latency_model import load_model
 from sgl_blend.core.slo_search import SLO, search_budget, violations
 from sgl_blend.measure.online_replay import OfflineLoad, OnlineRequest, RequestTiming, replay_with_offline, summarize
 from sgl_blend.launch.supervisor import ServerProcess, start_server
-from sgl_blend.sglang_plugin.scheduler_hooks import OFF, POLICY_ENV, UTILITY_ENV
+from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
 from sgl_blend.measure.slo_profiler import set_colocation
 
 RESULTS = Path(__file__).parent / "results"
@@ -137,10 +137,10 @@ def engine_args(args: argparse.Namespace) -> list[str]:
 def colocation_runs(args: argparse.Namespace, traces: dict[str, list[OnlineRequest]], lines: list[BatchLine],
                     work: Path) -> dict[str, Any]:
     model = load_model(args.latency_model).to_dict()
-    sglang_args, env = colocation_launch(ColocationConfig(mode="hygen", latency_model=model),
-                                         with_free_port(engine_args(args)))
-    server = start_server(args.model, sglang_args, log_path=work / "colocation-server.log",
-                          extra_env={**env, POLICY_ENV: "psm", UTILITY_ENV: str(args.utility)})
+    settings = PluginSettings(offline_policy="psm", psm_utility=args.utility,
+                              colocation=ColocationConfig(mode="hygen", latency_model=model))
+    sglang_args = colocation_launch(settings, with_free_port(engine_args(args)))
+    server = start_server(args.model, sglang_args, log_path=work / "colocation-server.log", settings=settings)
     runs: dict[str, Any] = {}
     try:
         for pattern, trace in traces.items():
@@ -182,7 +182,7 @@ def priority_runs(args: argparse.Namespace, traces: dict[str, list[OnlineRequest
                   work: Path) -> dict[str, Any]:
     server = start_server(args.model, with_free_port([*engine_args(args), "--enable-priority-scheduling",
                                                       "--schedule-policy", "fcfs"]),
-                          log_path=work / "priority-server.log", extra_env={POLICY_ENV: OFF})
+                          log_path=work / "priority-server.log", settings=PluginSettings(offline_policy=OFF))
     try:
         return {f"sglang-priority/{pattern}": run_trial(server, trace, lines, concurrency=args.concurrency,
                                                         priority=True) for pattern, trace in traces.items()}

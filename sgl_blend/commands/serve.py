@@ -77,11 +77,11 @@ def run(args: argparse.Namespace) -> int:
     from sgl_blend.launch.supervisor import ServerStartError, serve_forever, start_server
 
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, POLICY_ENV
+    from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
 
     policy = lookup(args.offline_policy, SERVE)
-    env = {POLICY_ENV: policy.name if policy.in_plugin else "off",
-           **({HARDWARE_ENV: args.hardware} if args.hardware else {})}
+    settings = PluginSettings(offline_policy=policy.name if policy.in_plugin else OFF,
+                              hardware=args.hardware or None)
     batch_api = batch_api_config(args)
     defaults = (("--schedule-policy", policy.sglang_schedule),) if not policy.in_plugin and policy.sglang_schedule else ()
     # A batch's usage reports cached prompt tokens only when SGLang reports them per request.
@@ -89,14 +89,13 @@ def run(args: argparse.Namespace) -> int:
         defaults += (("--enable-cache-report", None),)
     sglang_args = with_defaults(args.extra_args, defaults)
     try:
-        sglang_args, colocation_env = colocation_server_settings(args, sglang_args)
+        sglang_args, settings = colocation_server_settings(args, sglang_args, settings)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    env.update(colocation_env)
     try:
         server = start_server(args.model, sglang_args, cache_dir=args.cache_dir, log_path=args.log_file,
-                              ready_timeout_s=args.ready_timeout, extra_env=env, batch_api=batch_api)
+                              ready_timeout_s=args.ready_timeout, settings=settings, batch_api=batch_api)
     except (ServerStartError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

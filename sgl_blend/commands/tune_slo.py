@@ -46,14 +46,16 @@ def run(args: argparse.Namespace) -> int:
     from sgl_blend.core.colocation import ColocationConfig
     from sgl_blend.launch.supervisor import ServerStartError, start_server
     from sgl_blend.measure.slo_profiler import tune_budget
+    from sgl_blend.sglang_plugin.settings import PluginSettings
 
     server = None
     base_url = args.url
     if base_url is None:
-        sglang_args, env = colocation_launch(ColocationConfig(mode="hygen", latency_model=model),
-                                             with_free_port(args.extra_args))
+        plugin_settings = PluginSettings(colocation=ColocationConfig(mode="hygen", latency_model=model))
+        sglang_args = colocation_launch(plugin_settings, with_free_port(args.extra_args))
         try:
-            server = start_server(args.model, sglang_args, extra_env=env, log_path=args.out.with_suffix(".server.log"))
+            server = start_server(args.model, sglang_args, settings=plugin_settings,
+                                  log_path=args.out.with_suffix(".server.log"))
         except (ServerStartError, FileNotFoundError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 1

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -33,7 +32,6 @@ from typing import Any, Sequence
 from sgl_blend.core.latency_model import BatchShape, LatencyModel, max_prefill, model_from_dict
 
 MODES = ("off", "hygen", "echo", "bros")
-ENV_VAR = "SGLBLEND_COLOCATION"
 DEFAULT_MIN_OFFLINE_CHUNK = 16
 DEFAULT_CALIBRATION_ALPHA = 0.05
 CALIBRATION_CLIP = (0.1, 10.0)
@@ -41,7 +39,8 @@ CALIBRATION_CLIP = (0.1, 10.0)
 
 @dataclass(frozen=True)
 class ColocationConfig:
-    """How a server co-locates online and offline work; travels to the scheduler as JSON.
+    """How a server co-locates online and offline work; travels to the scheduler inside the
+    plugin's settings (`sgl_blend.sglang_plugin.settings`).
 
     ``latency_budget_s`` is HyGen's per-iteration budget (None: no time cap, memory only).
     ``ttft_slo_s``/``tpot_slo_s`` are Echo's deadlines, and ``idle_budget_s`` its cap on an
@@ -106,11 +105,6 @@ class ColocationConfig:
         if unknown:
             raise ValueError(f"unknown co-location settings: {', '.join(sorted(unknown))}")
         return cls(**data)
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> ColocationConfig:
-        text = (environ if environ is not None else os.environ).get(ENV_VAR)
-        return cls.from_dict(json.loads(text)) if text else cls()
 
     def updated(self, changes: dict[str, Any]) -> ColocationConfig:
         return ColocationConfig.from_dict({**asdict(self), **changes})

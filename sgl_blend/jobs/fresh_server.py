@@ -1,5 +1,5 @@
 """Running a `run-batch` job on a real server: a fresh one launched for a policy (its SGLang flags
-and scheduler environment), or one already running, with the job's lines spread over its DP ranks
+and plugin settings), or one already running, with the job's lines spread over its DP ranks
 and the plugin's final scheduler state read back from ``/server_info``.
 """
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from sgl_blend.core.policy_registry import RUN_BATCH, lookup
 from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.jobs.run_batch import JobTotals, finished_keys, read_lines, run_job
+from sgl_blend.sglang_plugin.settings import OFF, PluginSettings, configured_hardware
 
 if TYPE_CHECKING:
     from sgl_blend.core.cost_model import HardwareSpec
@@ -34,21 +35,19 @@ def plan_dp_ranks(input_path: Path, done_ids: set[str], model_path: str, hardwar
     return shares_by_rank(LinePartitioner(model_path, hardware).shares(lines.values(), dp_size))
 
 
-def policy_launch(policy: str, hardware: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """SGLang flags and scheduler environment for a policy: ours through the pool, or SGLang's own."""
-    from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, OFF, POLICY_ENV, configured_hardware
-
+def policy_launch(policy: str, hardware: str | None = None) -> tuple[list[str], PluginSettings]:
+    """SGLang flags and plugin settings for a policy: ours through the pool, or SGLang's own."""
     entry = lookup(policy, RUN_BATCH)
-    env = {HARDWARE_ENV: hardware} if hardware else {}
+    settings = PluginSettings(offline_policy=policy, hardware=hardware or None)
     if not entry.in_plugin:
-        return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule], {**env, POLICY_ENV: OFF}
-    if policy == "blendserve" and configured_hardware(name=hardware).blending_pays:
+        return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule], settings.updated(offline_policy=OFF)
+    if policy == "blendserve" and settings.device().blending_pays:
         # BlendServe's tree annotations live in the radix cache: evict the prefixes that no pending
         # line will reuse first, since two scan sides keep two prefix families warm at once. With
         # one cursor (no blending on this device) SGLang's own radix cache and LRU serve DFS best.
         return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule, "--radix-cache-backend", "sgl-blend",
-                "--radix-eviction-policy", "priority"], {**env, POLICY_ENV: policy}
-    return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule], {**env, POLICY_ENV: policy}
+                "--radix-eviction-policy", "priority"], settings
+    return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule], settings
 
 
 def run_on_fresh_server(
@@ -64,19 +63,19 @@ def run_on_fresh_server(
     show_progress: bool = True,
     max_inflight: int = 1024,
     while_running: Callable[[ServerProcess], None] | None = None,
-    scheduler_env: Mapping[str, str] | None = None,
+    settings_overrides: Mapping[str, Any] | None = None,
 ) -> tuple[JobTotals, dict[str, Any]]:
     """Start a server for one policy, run the job, and stop it.
 
     Returns the job totals and the plugin's final scheduler state. ``while_running`` runs in a
     thread alongside the job (online traffic, for instance) and is joined before the server stops.
-    ``scheduler_env`` adds plugin settings (recording the policy's calls, for instance).
+    ``settings_overrides`` change `PluginSettings` fields of the policy's (``record_policy_calls``, for instance).
     """
     from sgl_blend.launch.supervisor import start_server
 
-    flags, env = policy_launch(policy, hardware)
+    flags, settings = policy_launch(policy, hardware)
     server = start_server(model, ["--enable-cache-report", *flags, *sglang_args], log_path=server_log,
-                          extra_env={**env, **(scheduler_env or {})})
+                          settings=settings.updated(**(settings_overrides or {})))
     try:
         return run_on_server(server, input_path, output_path, error_path, hardware=hardware, policy=policy,
                              show_progress=show_progress, max_inflight=max_inflight, while_running=while_running)
@@ -102,7 +101,6 @@ def run_on_server(
 
     from sgl_blend.launch.flags import flag_value
     from sgl_blend.jobs.line_plan import LinePlanner
-    from sgl_blend.sglang_plugin.scheduler_hooks import configured_hardware
 
     info = server_info(server)
     model_path = flag_value(server.argv, "--model-path")

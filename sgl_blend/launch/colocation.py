@@ -1,4 +1,4 @@
-"""How a server is started for co-location: SGLang flags and the scheduler's environment.
+"""The SGLang flags a server needs for the co-location mode in its plugin settings.
 
 Co-location needs SGLang's mixed batches (``--enable-mixed-chunk``: offline prefill chunks ride
 along with online decodes, as HyGen's Sarathi-style batches do) and the `sgl-blend` radix-cache
@@ -10,8 +10,8 @@ from __future__ import annotations
 import socket
 from typing import Sequence
 
-from sgl_blend.core.colocation import ENV_VAR, ColocationConfig
 from sgl_blend.launch.flags import given_flags, with_defaults
+from sgl_blend.sglang_plugin.settings import PluginSettings
 
 COLOCATION_FLAGS: tuple[tuple[str, str | None], ...] = (
     ("--enable-mixed-chunk", None),
@@ -24,17 +24,12 @@ BROS_FLAGS: tuple[tuple[str, str | None], ...] = (
 )
 
 
-def colocation_launch(config: ColocationConfig, sglang_args: Sequence[str] = (),
-                      iteration_log: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """SGLang arguments and scheduler environment for ``config`` (flags added only when enabled)."""
-    from sgl_blend.sglang_plugin.iteration_log import LOG_ENV
-
-    env = {ENV_VAR: config.to_json()}
-    if iteration_log:
-        env[LOG_ENV] = iteration_log
+def colocation_launch(settings: PluginSettings, sglang_args: Sequence[str] = ()) -> list[str]:
+    """``sglang_args`` plus the flags ``settings.colocation`` needs (none when co-location is off);
+    the server gets the same ``settings``."""
+    config = settings.colocation
     flags = BROS_FLAGS if config.mode == "bros" else COLOCATION_FLAGS
-    args = with_defaults(list(sglang_args), flags) if config.enabled else list(sglang_args)
-    return args, env
+    return with_defaults(list(sglang_args), flags) if config.enabled else list(sglang_args)
 
 
 def with_free_port(sglang_args: Sequence[str]) -> list[str]:

@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from sgl_blend.core.colocation import MODES, ColocationConfig
 from sgl_blend.core.latency_model import FORMS, load_model
+
+if TYPE_CHECKING:
+    from sgl_blend.sglang_plugin.settings import PluginSettings
 
 
 def add_colocation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,16 +69,13 @@ def colocation_config(args: argparse.Namespace) -> ColocationConfig:
         raise ValueError(f"{error}{hint}") from None
 
 
-def colocation_server_settings(args: argparse.Namespace,
-                               sglang_args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """``sglang_args`` plus what the co-location flags in ``args`` add, and the scheduler environment."""
+def colocation_server_settings(args: argparse.Namespace, sglang_args: Sequence[str],
+                               settings: PluginSettings) -> tuple[list[str], PluginSettings]:
+    """``sglang_args`` plus what the co-location flags in ``args`` add, and ``settings`` with them."""
     from sgl_blend.launch.colocation import colocation_launch
-    from sgl_blend.sglang_plugin.scheduler_hooks import UTILITY_ENV
 
     config = colocation_config(args)
     if args.psm_utility is not None and not 0.0 <= args.psm_utility <= 1.0:
         raise ValueError(f"--psm-utility must be in [0, 1], got {args.psm_utility}")
-    launch_args, env = colocation_launch(config, sglang_args)
-    if args.psm_utility is not None:
-        env[UTILITY_ENV] = str(args.psm_utility)
-    return launch_args, env
+    settings = settings.updated(colocation=config, psm_utility=args.psm_utility)
+    return colocation_launch(settings, sglang_args), settings

@@ -13,10 +13,15 @@ import os
 import sys
 
 from sgl_blend.launch import cpu_compat
+from sgl_blend.sglang_plugin.settings import PluginSettings, SettingsError
 
 
 def main(argv: list[str] | None = None) -> None:
     cpu_compat.install()
+    try:
+        settings = PluginSettings.from_env()
+    except SettingsError as error:
+        sys.exit(f"error: {error}")
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
@@ -25,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     load_plugins()
     server_args = prepare_server_args(list(sys.argv[1:] if argv is None else argv))
     _bind_cpu_ranks(server_args)
-    _mount_batch_api(server_args)
+    _mount_batch_api(server_args, settings)
     try:
         run_server(server_args)
     finally:
@@ -42,7 +47,7 @@ def _bind_cpu_ranks(server_args: object) -> None:
         os.environ[CPU_THREADS_BIND_ENV] = cpu_thread_binding(ranks, os.sched_getaffinity(0))
 
 
-def _mount_batch_api(server_args: object) -> None:
+def _mount_batch_api(server_args: object, settings: PluginSettings) -> None:
     from sgl_blend.server.config import BatchApiConfig
 
     config = BatchApiConfig.from_env()
@@ -54,14 +59,13 @@ def _mount_batch_api(server_args: object) -> None:
 
     from sgl_blend.jobs.line_plan import LinePlanner
     from sgl_blend.jobs.line_work import LinePartitioner
-    from sgl_blend.sglang_plugin.scheduler_hooks import DEFAULT_POLICY, POLICY_ENV, configured_hardware
     from sgl_blend.server.app import install_batch_api, loopback_url
     from sgl_blend.server.assignment import PrefixAssigner
     from sgl_blend.server.db import StoreInUse
 
-    hardware = configured_hardware(server_args.tp_size)
+    hardware = settings.device(server_args.tp_size)
     assigner = PrefixAssigner(LinePartitioner(server_args.model_path, hardware))
-    planner = LinePlanner.for_policy(os.environ.get(POLICY_ENV, DEFAULT_POLICY), server_args.model_path, hardware)
+    planner = LinePlanner.for_policy(settings.offline_policy, server_args.model_path, hardware)
     try:
         install_batch_api(app, config, self_url=loopback_url(server_args.host, server_args.port),
                           api_key=server_args.api_key, admin_api_key=server_args.admin_api_key, assigner=assigner,

@@ -22,9 +22,11 @@ from sgl_blend.launch import cpu_compat
 from sgl_blend.launch.flags import CPU_DEFAULT_FLAGS, CPU_ENV, flag_value, with_defaults
 from sgl_blend.models.registry import resolve_model_path
 from sgl_blend.server.config import CONFIG_ENV as BATCH_API_ENV
+from sgl_blend.sglang_plugin.settings import SETTINGS_ENV
 
 if TYPE_CHECKING:
     from sgl_blend.server.config import BatchApiConfig
+    from sgl_blend.sglang_plugin.settings import PluginSettings
 
 DEFAULT_PORT = 30000
 STOP_GRACE_S = 15.0
@@ -82,19 +84,21 @@ def start_server(
     cache_dir: Path | None = None,
     log_path: Path | None = None,
     ready_timeout_s: float = 600.0,
-    extra_env: dict[str, str] | None = None,
+    settings: PluginSettings | None = None,
     batch_api: BatchApiConfig | None = None,
 ) -> ServerProcess:
     """Start the server and return once ``/health`` answers 200; raise with SGLang's error otherwise.
 
-    ``extra_env`` reaches every server process (the scheduler reads its offline policy from it).
+    ``settings`` reach the plugin in every server process (None: the plugin's defaults).
     ``batch_api`` mounts the Files and Batches API on the server, with that configuration.
     """
     argv = server_argv(model, sglang_args, cache_dir)
     env = dict(os.environ)
     if not cpu_compat.cuda_present():
         env.update(CPU_ENV)
-    env.update(extra_env or {})
+    env.pop(SETTINGS_ENV, None)
+    if settings is not None:
+        env.update(settings.to_env())
     env.pop(BATCH_API_ENV, None)
     if batch_api is not None:
         env.update(batch_api.to_env())

@@ -133,8 +133,7 @@ def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int 
     from sgl_blend.launch.flags import with_defaults
     from sgl_blend.models.registry import resolve_model_path
     from sgl_blend.launch.supervisor import start_server
-    from sgl_blend.sglang_plugin.iteration_log import LOG_ENV
-    from sgl_blend.sglang_plugin.scheduler_hooks import OFF, POLICY_ENV
+    from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
 
     out.parent.mkdir(parents=True, exist_ok=True)
     records_path = out.with_suffix(".records.jsonl")
@@ -143,7 +142,7 @@ def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int 
     points = latency_grid(quick)
     args = with_defaults(with_free_port(sglang_args), COLOCATION_FLAGS)
     server = start_server(model, args, cache_dir=cache_dir, log_path=out.with_suffix(".server.log"),
-                          extra_env={LOG_ENV: str(records_path), POLICY_ENV: OFF})
+                          settings=PluginSettings(offline_policy=OFF, iteration_log=str(records_path)))
     try:
         asyncio.run(drive_grid(server.base_url, points[:WARMUP_POINTS], vocab_size, seed))
         warmup = sum(1 for _ in read_records(records_path))

@@ -1,62 +1,36 @@
 """The SGLang plugin: registered under the ``sglang.srt.plugins`` entry point.
 
-SGLang calls `register` in each of its processes. The plugin reports itself through the
-scheduler's internal state, which SGLang already exposes per DP rank as ``internal_states`` in
-``GET /server_info``: that is how a test, or an operator, sees from outside that the plugin is
-live in the scheduler process and what it is doing.
+SGLang calls `register` in each of its processes. It reads the launcher's `PluginSettings`
+once, builds the process's one `PluginRuntime` from them and hands it to the scheduler hooks,
+the internal-state hooks and the radix-cache backend; nothing else holds plugin state. Importing
+this package does not import SGLang, so launchers can build settings without it.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
+import logging
 
-from sgl_blend import __version__
 from sgl_blend.launch import cpu_compat
+from sgl_blend.sglang_plugin.hooks import register_hooks
+from sgl_blend.sglang_plugin.radix_backend import register_backend
+from sgl_blend.sglang_plugin.runtime import PluginRuntime
+from sgl_blend.sglang_plugin.settings import OFF, PluginSettings, SettingsError
 
-INTERNAL_STATE_TARGET = (
-    "sglang.srt.managers.scheduler_components.internal_state."
-    "SchedulerInternalStateController.get_internal_state"
-)
-
-
-def plugin_state() -> dict[str, Any]:
-    """What the plugin reports about the process it runs in, with the offline pool once it exists.
-    ``dp_rank`` names the scheduler's DP rank (None without a DP controller): ``internal_states``
-    lists the ranks in the order they answered, not by rank."""
-    from sglang.srt.runtime_context import get_parallel
-
-    from sgl_blend.sglang_plugin.bros_hooks import active_bros
-    from sgl_blend.sglang_plugin.colocation_hooks import active_colocation
-    from sgl_blend.sglang_plugin.scheduler_hooks import active_pool, active_recorder
-
-    pool, colocation, recorder, bros = active_pool(), active_colocation(), active_recorder(), active_bros()
-    return {
-        "version": __version__,
-        "pid": os.getpid(),
-        "dp_rank": get_parallel().dp_rank,
-        "cpu_kernel_stub": cpu_compat.kernel_stub_active(),
-        "offline": pool.snapshot() if pool is not None else None,
-        "colocation": colocation.snapshot() if colocation is not None else None,
-        "bros": bros.snapshot() if bros is not None else None,
-        **(recorder.snapshot() if recorder is not None else {}),
-    }
+logger = logging.getLogger(__name__)
 
 
-def _report_state(result: Any, *_args: Any, **_kwargs: Any) -> Any:
-    from sgl_blend.sglang_plugin.scheduler_hooks import STATE_KEY
-
-    result.internal_state[STATE_KEY] = plugin_state()
-    return result
+def plugin_settings() -> PluginSettings:
+    """The launcher's settings; a malformed value leaves every part of the plugin off (SGLang
+    schedules on its own) rather than taking the server down, and says why."""
+    try:
+        return PluginSettings.from_env()
+    except SettingsError:
+        logger.exception("sgl-blend settings are invalid; the plugin leaves scheduling to SGLang")
+        return PluginSettings(offline_policy=OFF)
 
 
 def register() -> None:
     cpu_compat.install()
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from sgl_blend.sglang_plugin.radix_backend import register_backend
-    from sgl_blend.sglang_plugin.scheduler_hooks import register_scheduler_hooks
-
-    HookRegistry.register(INTERNAL_STATE_TARGET, _report_state, HookType.AFTER)
-    register_scheduler_hooks()
-    register_backend()
+    runtime = PluginRuntime(plugin_settings())
+    register_hooks(runtime)
+    register_backend(runtime)

@@ -1,31 +1,37 @@
 """The plugin's one rule: an error inside the scheduler must never take it down.
 
-A guarded step runs only while its part of the plugin is active; on an exception the part is
-switched off (logged once, with the traceback) and the step returns its fallback, so SGLang goes on
-scheduling everything its own way.
+Each part of the plugin (the offline pool, the iteration record, a co-location mode's state) is
+an attribute of the object that owns it, None once it is off. A guarded step runs only while its
+part is live; on an exception the part is switched off (logged once, with the traceback, since
+the step never runs again) and the step returns its fallback, so SGLang goes on scheduling
+everything its own way.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 logger = logging.getLogger(__name__)
+Step = TypeVar("Step", bound=Callable[..., Any])
 
 
-def guard(active: Callable[[], Any], disable: Callable[[], None], message: str,
-          fallback: Any = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def wrap(step: Callable[..., Any]) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if active() is None:
+def guarded(part: str, message: str, fallback: Any = None) -> Callable[[Step], Step]:
+    """Guard a method that works on ``self.<part>``."""
+
+    def wrap(step: Step) -> Step:
+        @functools.wraps(step)
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(self, part) is None:
                 return fallback
             try:
-                return step(*args, **kwargs)
+                return step(self, *args, **kwargs)
             except Exception:
                 logger.exception(message)
-                disable()
+                setattr(self, part, None)
                 return fallback
 
-        return run
+        return run  # type: ignore[return-value]
 
     return wrap

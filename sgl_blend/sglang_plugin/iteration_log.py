@@ -9,15 +9,14 @@ is not a quantity the loop has). Online requests are also followed from
 arrival -- the iteration count when SGLang queued them -- to the first batch that ran them, so
 "admitted in the next iteration" is checked in iterations, not seconds.
 
-The last records are published in ``/server_info``; with ``SGLBLEND_ITERATION_LOG`` set, every
-record is also appended to that JSONL file (what `sgl-blend profile --latency` fits on).
+The last records are published in ``/server_info``; with the settings' ``iteration_log`` set,
+every record is also appended to that JSONL file (what `sgl-blend profile --latency` fits on).
 On a CPU the forward is synchronous; on a GPU the timer synchronises the device first.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import deque
 from typing import Any, TextIO
@@ -25,7 +24,6 @@ from typing import Any, TextIO
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.offline import is_offline
 
-LOG_ENV = "SGLBLEND_ITERATION_LOG"
 KEPT_RECORDS = 256
 MAX_TRACKED_ARRIVALS = 4096
 
@@ -73,10 +71,6 @@ class IterationRecorder:
         self._last_launch: float | None = None
         self._log: TextIO | None = open(log_path, "a") if log_path else None
         self.plan_summary: dict[str, Any] = {}
-
-    @classmethod
-    def from_env(cls) -> IterationRecorder:
-        return cls(os.environ.get(LOG_ENV) or None)
 
     def arrived(self, rid: str, iterations_so_far: int) -> None:
         """An online request entered the waiting queue after ``iterations_so_far`` batches.

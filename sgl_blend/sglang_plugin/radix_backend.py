@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from sgl_blend.core.kv_priority import RUNNING_ONLINE, ReuserIndex, kv_priority
 from sgl_blend.offline import is_offline
+from sgl_blend.sglang_plugin.runtime import PluginRuntime
 
 BACKEND_NAME = "sgl-blend"
 
@@ -109,17 +110,13 @@ def build_cache(params: Any, reusers: ReuserSource | None) -> Any:
     return cache
 
 
-def _build(context: Any) -> Any:
-    from sgl_blend.core.colocation import ColocationConfig
-    from sgl_blend.sglang_plugin.scheduler_hooks import active_pool
-
-    if ColocationConfig.from_env().kv_priorities:
-        return build_cache(context.params, lambda: getattr(active_pool(), "reusers", None))
-    return build_cache(context.params, None)
-
-
-def register_backend() -> None:
+def register_backend(runtime: PluginRuntime) -> None:
+    """Register the backend, its eviction chosen by the launch settings: Echo's priorities read
+    the runtime's offline pool (none until it exists), everything else SGLang's policy."""
     from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
 
+    def build(context: Any) -> Any:
+        return build_cache(context.params, runtime.reusers if runtime.settings.colocation.kv_priorities else None)
+
     if get_radix_cache_factory(BACKEND_NAME) is None:
-        register_radix_cache_backend(BACKEND_NAME, _build)
+        register_radix_cache_backend(BACKEND_NAME, build)

@@ -20,7 +20,7 @@ from sgl_blend.server.store import BatchStore
 from sgl_blend.jobs.line_plan import LinePlanner
 from sgl_blend.models.registry import model_dir
 from sgl_blend.launch.supervisor import ServerProcess
-from sgl_blend.sglang_plugin.scheduler_hooks import configured_hardware
+from sgl_blend.sglang_plugin.settings import configured_hardware
 from tests.batch.conftest import API_KEY
 from tests.batch.helpers import WAIT_LIMIT_S, add_batch, chat_line
 

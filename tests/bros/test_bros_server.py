@@ -16,7 +16,7 @@ import requests
 from sgl_blend.launch.colocation import colocation_launch
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.launch.supervisor import ServerProcess, start_server
-from sgl_blend.sglang_plugin.scheduler_hooks import OFF, POLICY_ENV
+from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
 from tests.bros.test_bros_launch_and_sim import MODEL
 from tests.colocation.test_colocation_server import generate, plugin_state, tokens
 from tests.conftest import free_port
@@ -24,10 +24,10 @@ from tests.conftest import free_port
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    args, env = colocation_launch(ColocationConfig(mode="bros", latency_model=MODEL),
-                                  ["--port", str(free_port()), "--max-total-tokens", "4096"])
+    settings = PluginSettings(offline_policy=OFF, colocation=ColocationConfig(mode="bros", latency_model=MODEL))
+    args = colocation_launch(settings, ["--port", str(free_port()), "--max-total-tokens", "4096"])
     log = tmp_path_factory.mktemp("bros") / "server.log"
-    process = start_server("tiny-llama", args, log_path=log, extra_env={**env, POLICY_ENV: OFF})
+    process = start_server("tiny-llama", args, log_path=log, settings=settings)
     yield process
     process.stop()
 

@@ -4,6 +4,7 @@ budget and online reserve, and HyGen's utility order against starvation."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -106,7 +107,7 @@ def test_config_validation_and_runtime_change() -> None:
     live = controller(latency_budget_s=0.01)
     live.reconfigure({"latency_budget_s": 0.02})
     assert live.config.latency_budget_s == 0.02
-    assert ColocationConfig.from_env({"SGLBLEND_COLOCATION": live.config.to_json()}) == live.config
+    assert ColocationConfig.from_dict(json.loads(live.config.to_json())) == live.config
 
 
 def test_utility_order_interpolates_between_dfs_and_fcfs() -> None:

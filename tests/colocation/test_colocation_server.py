@@ -11,7 +11,6 @@ import random
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -21,7 +20,7 @@ from sgl_blend.launch.colocation import colocation_launch
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.offline import offline_routing_key
 from sgl_blend.launch.supervisor import ServerProcess, start_server
-from sgl_blend.sglang_plugin.scheduler_hooks import POLICY_ENV
+from sgl_blend.sglang_plugin.settings import PluginSettings
 from tests.conftest import free_port
 
 KV_TOKENS = 4096
@@ -34,10 +33,10 @@ MODEL = {"form": "hygen", "coefficients": {"intercept": 1e-3, "S_p": 1e-5, "S_d"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    args, env = colocation_launch(ColocationConfig(mode="hygen", latency_model=MODEL),
-                                  ["--port", str(free_port()), "--max-total-tokens", str(KV_TOKENS)])
+    settings = PluginSettings(offline_policy="fcfs", colocation=ColocationConfig(mode="hygen", latency_model=MODEL))
+    args = colocation_launch(settings, ["--port", str(free_port()), "--max-total-tokens", str(KV_TOKENS)])
     log = tmp_path_factory.mktemp("colocation") / "server.log"
-    process = start_server("tiny-llama", args, log_path=log, extra_env={**env, POLICY_ENV: "fcfs"})
+    process = start_server("tiny-llama", args, log_path=log, settings=settings)
     yield process
     process.stop()
 

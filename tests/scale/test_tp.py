@@ -7,14 +7,14 @@ import pytest
 
 from sgl_blend.core.cost_model import BUILTIN_MODELS, CostModel, HardwareSpec
 from sgl_blend.core.dp_shares import WorkItem, plan_shares
-from sgl_blend.sglang_plugin.scheduler_hooks import HARDWARE_ENV, configured_hardware
+from sgl_blend.sglang_plugin.settings import PluginSettings, configured_hardware
 
 
-def test_the_scheduler_scales_the_named_device_by_its_tp_degree(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(HARDWARE_ENV, "h100-sxm")
-    assert configured_hardware(4) == HardwareSpec.resolve("h100-sxmx4")
+def test_the_scheduler_scales_the_named_device_by_its_tp_degree() -> None:
+    settings = PluginSettings(hardware="h100-sxm")
+    assert settings.device(4) == HardwareSpec.resolve("h100-sxmx4")
     assert configured_hardware(8, "a100-80g") == HardwareSpec.resolve("a100-80gx8")
-    assert configured_hardware() == HardwareSpec.resolve("h100-sxm")
+    assert settings.device() == HardwareSpec.resolve("h100-sxm")
 
 
 def test_70b_on_eight_a100s() -> None:

@@ -4,7 +4,7 @@ ends, and the scheduler's run replays through the same policy to the same decisi
 The server models a GPU (``--hardware a100-80g``: its measured overlap makes blending pay), so
 BlendServe plans a compute side and a memory side and paces prefill; outputs are a few tokens so
 5,000 lines run in a couple of minutes on this CPU. The plugin records every call SGLang's
-scheduler makes on the policy (``SGLBLEND_RECORD_POLICY_CALLS``) and every admission with its
+scheduler makes on the policy (the ``record_policy_calls`` setting) and every admission with its
 plan position.
 """
 
@@ -23,7 +23,7 @@ from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.models.registry import model_dir
 from sgl_blend.jobs.fresh_server import run_on_fresh_server
 from sgl_blend.jobs.run_batch import JobTotals
-from sgl_blend.sglang_plugin.scheduler_hooks import RECORD_CALLS_ENV, configured_hardware
+from sgl_blend.sglang_plugin.settings import configured_hardware
 from tests.conftest import free_port
 
 LINES = 5000
@@ -55,7 +55,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobTotals, dict[str, 
     return run_on_fresh_server("tiny-llama", "blendserve", batch_file, root / "out.jsonl", root / "errors.jsonl",
                                sglang_args=["--port", str(free_port()), "--max-total-tokens", "8192"],
                                hardware=HARDWARE, server_log=root / "server.log", show_progress=False,
-                               max_inflight=256, scheduler_env={RECORD_CALLS_ENV: "1"})
+                               max_inflight=256, settings_overrides={"record_policy_calls": True})
 
 
 def test_every_line_answered_once(run: tuple[JobTotals, dict[str, Any]]) -> None:

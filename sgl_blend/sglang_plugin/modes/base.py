@@ -1,0 +1,75 @@
+"""The calls every scheduling mode answers, and BlendServe's answers to them.
+
+The plugin runtime calls its one mode at fixed points of SGLang's scheduler loop: before SGLang
+builds a prefill or a decode batch and after it has, when a request arrives, after the forward,
+after the batch's result, and from inside the prefill adder. A mode that has nothing to do at a
+point inherits the no-op here. BlendServe without co-location is exactly that: the offline pool
+(owned by the runtime, not by a mode) orders and admits offline work, and nothing else changes
+SGLang's batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from sgl_blend.core.colocation import ColocationConfig
+
+
+class Mode:
+    """BlendServe (``--colocation off``): no co-location; every call leaves SGLang as it is."""
+
+    def __init__(self, config: ColocationConfig) -> None:
+        self.config = config
+
+    @property
+    def kv_priorities(self) -> bool:
+        """Whether the offline pool should count pending reusers per prefix (Echo's eviction)."""
+        return False
+
+    def before_prefill(self, scheduler: Any, running_batch: Any) -> None:
+        """Before SGLang builds a prefill batch next to ``running_batch``."""
+
+    def before_decode(self, scheduler: Any, batch: Any) -> None:
+        """Before SGLang decodes ``batch``."""
+
+    def end_iteration(self) -> dict[str, Any] | None:
+        """SGLang has built its batch: drop the iteration's plan; returns what the iteration
+        record should carry about it."""
+        return None
+
+    def may_admit(self, req: Any) -> bool | None:
+        """Whether the prefill adder may admit this waiting request (None: the mode has no say)."""
+        return None
+
+    def note_arrival(self, scheduler: Any, req: Any) -> None:
+        """A request entered the waiting queue for the first time."""
+
+    def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
+        """The forward pass is over: its iteration record (None when not recording) and its time."""
+
+    def observe_batch(self, batch: Any) -> None:
+        """SGLang has processed ``batch``'s result."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """What ``/server_info`` shows of the mode, keyed as the plugin state's sections."""
+        return {}
+
+    def chunked_limit(self, req: Any) -> int | None:
+        """The most tokens the chunked prefill under way may run now (None: SGLang's chunk)."""
+        return None
+
+    def after_chunked(self, adder: Any, req: Any, still_chunked: bool) -> None:
+        """The prefill adder has given the chunked request its chunk."""
+
+    def admit(self, adder: Any, req: Any, has_chunked_req: bool, add: Callable[[], Any]) -> Any:
+        """Admit ``req`` through SGLang's adder (``add``), as the mode's plan allows."""
+        return add()
+
+    def current_config(self) -> ColocationConfig:
+        """The co-location settings in force, which ``/set_internal_state`` changes."""
+        return self.config
+
+    def reconfigure(self, changes: dict[str, Any]) -> ColocationConfig:
+        """Apply validated ``/set_internal_state`` changes; returns the settings now in force."""
+        self.config = self.config.updated(changes)
+        return self.config

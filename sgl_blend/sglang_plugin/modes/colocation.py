@@ -1,0 +1,149 @@
+"""HyGen and Echo (``--colocation hygen|echo``): online requests keep their latency, offline work fills the rest.
+
+Each iteration, before SGLang builds a batch, the mode turns the scheduler's state into an
+`IterationView`, asks the `ColocationController` for a plan, and has `colocation_engine` apply it:
+
+- online first: when online requests wait, an offline chunked prefill in flight gives up the
+  chunk slot, the "batch is full" latch is reset, and offline decodes give up request slots;
+- the plan parks the offline decodes it skips, and decode iterations park offline work first
+  when KV runs out;
+- the prefill adder admits offline chunks only within the plan's budget, and online requests
+  take KV from running offline work when they are short of it.
+
+HyGen and Echo differ in the controller (a fixed latency budget against per-request deadlines and
+an online KV reserve) and in Echo's KV priorities, which the radix backend reads through the
+offline pool's reuser counts; the plugin-side calls are the same. A failure switches co-location
+off (logged once) and SGLang schedules on its own; a later ``/set_internal_state`` change starts
+it afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from sgl_blend.core.colocation import ColocationConfig, IterationPlan
+from sgl_blend.offline import is_offline
+from sgl_blend.sglang_plugin.guard import guarded
+from sgl_blend.sglang_plugin.modes.base import Mode
+from sgl_blend.sglang_plugin.modes.colocation_engine import (
+    ColocationState, add_offline, add_online, iteration_view, offline_newest_first, park_running,
+    release_to_cache, remaining_output,
+)
+
+logger = logging.getLogger(__name__)
+FAILED = "sgl-blend co-location failed; falling back to SGLang's own scheduling"
+
+
+class ColocationMode(Mode):
+    def __init__(self, config: ColocationConfig) -> None:
+        super().__init__(config)
+        self.state: ColocationState | None = ColocationState(config)
+
+    @property
+    def kv_priorities(self) -> bool:
+        return self.state is not None and self.state.controller.config.kv_priorities
+
+    def _plan(self, scheduler: Any, batch: Any) -> IterationPlan:
+        state = self.state
+        plan = state.controller.begin(iteration_view(scheduler, batch))
+        parked = set(plan.park)
+        park_running(state, scheduler, batch, [req for req in batch.reqs if req.rid in parked], "parked_for_budget")
+        state.plan = plan
+        return plan
+
+    @guarded("state", FAILED)
+    def before_prefill(self, scheduler: Any, running_batch: Any) -> None:
+        """Online first, then the iteration's plan."""
+        state = self.state
+        waiting_online = sum(1 for req in scheduler.waiting_queue if not is_offline(req.routing_key))
+        if waiting_online:
+            chunked = scheduler.chunked_req
+            if chunked is not None and is_offline(chunked.routing_key):
+                release_to_cache(state, chunked, scheduler.tree_cache)
+                scheduler.chunked_req = None
+                scheduler._add_request_to_queue(chunked, is_retracted=True)
+                state.counts["chunk_slot_reclaimed"] += 1
+            running_batch.batch_is_full = False
+            slots = scheduler.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
+            short = waiting_online - slots
+            if short > 0:
+                park_running(state, scheduler, running_batch, offline_newest_first(running_batch)[:short],
+                             "slots_reclaimed")
+        self._plan(scheduler, running_batch)
+
+    @guarded("state", FAILED)
+    def before_decode(self, scheduler: Any, batch: Any) -> None:
+        """The decode iteration's plan; offline decodes give way first when KV runs out."""
+        self._plan(scheduler, batch)
+        while not batch.check_decode_mem():
+            victims = offline_newest_first(batch)
+            if not victims or len(batch.reqs) == 1:
+                break
+            park_running(self.state, scheduler, batch, victims[:1], "memory_reclaimed")
+
+    @guarded("state", FAILED)
+    def end_iteration(self) -> dict[str, Any] | None:
+        """What the plan spent, for the iteration record."""
+        plan, self.state.plan = self.state.plan, None
+        return plan.summary() if plan is not None else None
+
+    def note_arrival(self, scheduler: Any, req: Any) -> None:
+        """Echo's deadlines count from when an online request first entered the scheduler."""
+        if not is_offline(req.routing_key) and not hasattr(req, "blend_arrival"):
+            req.blend_arrival = time.monotonic()
+
+    @guarded("state", FAILED)
+    def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
+        """Teach the calibration what the batch it planned really cost."""
+        if record is not None:
+            self.state.controller.observe(record.get("model_s"), record.get("forward_s"))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"colocation": self.state.snapshot() if self.state is not None else None}
+
+    @guarded("state", FAILED)
+    def chunked_limit(self, req: Any) -> int | None:
+        """The chunk an offline chunked prefill under way may run now (at least a minimal one)."""
+        plan = self.state.plan
+        if plan is None or not is_offline(req.routing_key):
+            return None
+        remaining = len(req.full_untruncated_fill_ids) - req.prefix_len
+        return plan.budget.offline_chunk(remaining, req.prefix_len, remaining_output(req), must_progress=True)
+
+    @guarded("state", FAILED)
+    def after_chunked(self, adder: Any, req: Any, still_chunked: bool) -> None:
+        plan = self.state.plan
+        if plan is None or not is_offline(req.routing_key) or not (adder.can_run_list and adder.can_run_list[-1] is req):
+            return
+        plan.budget.commit_offline_prefill(req.extend_end - req.prefix_len, req.prefix_len, not still_chunked,
+                                           remaining_output(req))
+        if still_chunked:
+            adder.rem_chunk_tokens = 0
+
+    def admit(self, adder: Any, req: Any, has_chunked_req: bool, add: Callable[[], Any]) -> Any:
+        """Within the iteration's plan; on an error the request is still admitted SGLang's way
+        (unless the failed step already admitted it) and co-location is off from then on."""
+        state = self.state
+        if state is None or state.plan is None:
+            return add()
+        try:
+            if is_offline(req.routing_key):
+                return add_offline(state, adder, req, has_chunked_req, add)
+            return add_online(state, adder, req, add)
+        except Exception:
+            logger.exception(FAILED)
+            self.state = None
+            return adder.budget_state() if adder.can_run_list and adder.can_run_list[-1] is req else add()
+
+    def current_config(self) -> ColocationConfig:
+        return self.state.controller.config if self.state is not None else self.config
+
+    def reconfigure(self, changes: dict[str, Any]) -> ColocationConfig:
+        config = self.current_config().updated(changes)
+        if self.state is not None:
+            self.state.controller.reconfigure(changes)
+        elif config.enabled:
+            self.state = ColocationState(config)
+        return config

@@ -1,0 +1,168 @@
+"""Everything the plugin keeps in one SGLang process, in one object that `register` creates.
+
+SGLang's hooks are plain functions patched into its classes, so whatever they share must live
+somewhere they can all reach. It lives here, created once per process from the launcher's
+`PluginSettings` and handed to every hook, to the prefill adder and to the radix backend: the
+offline pool (created on the scheduler's first ordering, when the KV pool's size is known), the
+per-iteration record, and the one scheduling mode (`modes`). Each part is switched off by its own
+failure (`guard`), leaving the others and SGLang running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from sgl_blend import __version__
+from sgl_blend.core.cost_model import ModelSpec
+from sgl_blend.core.kv_priority import ReuserIndex
+from sgl_blend.core.prefill_room import prefill_room
+from sgl_blend.core.psm_policy import PSMPolicy, make_offline_policy
+from sgl_blend.launch import cpu_compat
+from sgl_blend.offline import is_offline
+from sgl_blend.sglang_plugin.guard import guarded
+from sgl_blend.sglang_plugin.iteration_log import IterationRecorder
+from sgl_blend.sglang_plugin.modes import make_mode
+from sgl_blend.sglang_plugin.offline_pool import OfflinePool
+from sgl_blend.sglang_plugin.settings import PluginSettings
+
+logger = logging.getLogger(__name__)
+POOL_FAILED = "sgl-blend offline pool failed; falling back to SGLang's own scheduling"
+RECORD_FAILED = "sgl-blend per-iteration record failed; recording stops"
+
+
+def free_kv_tokens(tree_cache: Any) -> int:
+    return int(tree_cache.token_to_kv_pool_allocator.available_size() + tree_cache.evictable_size())
+
+
+class PluginRuntime:
+    def __init__(self, settings: PluginSettings) -> None:
+        self.settings = settings
+        self.mode = make_mode(settings.colocation)
+        self.recorder: IterationRecorder | None = IterationRecorder(settings.iteration_log)
+        self.pool: OfflinePool | None = None
+        self._pool_tried = not settings.pool_enabled
+
+    def reusers(self) -> ReuserIndex | None:
+        """The pool's pending-reuser counts, for the radix backend's Echo eviction."""
+        return self.pool.reusers if self.pool is not None else None
+
+    def reset_records(self) -> None:
+        if self.recorder is not None:
+            self.recorder = IterationRecorder(self.settings.iteration_log)
+
+    def state(self) -> dict[str, Any]:
+        """What the plugin reports about the process it runs in (``/server_info``'s
+        ``internal_states[].sgl_blend``). ``dp_rank`` names the scheduler's DP rank (None
+        without a DP controller): ``internal_states`` lists the ranks in the order they
+        answered, not by rank."""
+        from sglang.srt.runtime_context import get_parallel
+
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "dp_rank": get_parallel().dp_rank,
+            "cpu_kernel_stub": cpu_compat.kernel_stub_active(),
+            "offline": self.pool.snapshot() if self.pool is not None else None,
+            "colocation": None,
+            "bros": None,
+            **self.mode.snapshot(),
+            **(self.recorder.snapshot() if self.recorder is not None else {}),
+        }
+
+    def _create_pool(self, tree_cache: Any) -> OfflinePool:
+        from sglang.srt.runtime_context import get_server_args
+
+        settings = self.settings
+        server_args = get_server_args()
+        model = ModelSpec.from_hf_dir(server_args.model_path)
+        name = settings.offline_policy
+        options = {"utility": settings.psm_utility} if name == PSMPolicy.name and settings.psm_utility is not None else {}
+        reusers = ReuserIndex() if self.mode.kv_priorities else None
+        return OfflinePool(make_offline_policy(name, model, settings.device(server_args.tp_size), **options), name,
+                           int(tree_cache.token_to_kv_pool_allocator.size), reusers,
+                           record_calls=settings.record_policy_calls)
+
+    def order_waiting_queue(self, waiting_queue: list, tree_cache: Any) -> None:
+        """After SGLang's own ordering: online first, offline work in the policy's order."""
+        if not self._pool_tried:
+            self._pool_tried = True
+            try:
+                self.pool = self._create_pool(tree_cache)
+            except Exception:
+                logger.exception("sgl-blend could not create its offline pool; SGLang schedules on its own")
+        self._order(waiting_queue, tree_cache)
+
+    @guarded("pool", POOL_FAILED)
+    def _order(self, waiting_queue: list, tree_cache: Any) -> None:
+        self.pool.order_waiting_queue(waiting_queue, free_kv_tokens(tree_cache))
+
+    @guarded("pool", POOL_FAILED)
+    def cap_prefill(self, adder: Any, chunk: int | None, decodes: int) -> None:
+        """Apply the policy's per-iteration prefill budget (Alg. 3's ``C_L + C_R``) to SGLang's
+        chunk, by the rule the simulator uses (`prefill_room`)."""
+        budget = self.pool.prefill_budget()
+        if chunk is not None and budget is not None and adder.rem_chunk_tokens > 0:
+            adder.rem_chunk_tokens = prefill_room(chunk, decodes, budget)
+            adder.rem_input_tokens = min(adder.rem_input_tokens, adder.rem_chunk_tokens)
+        self.pool.prefill_cap = adder.rem_chunk_tokens
+
+    def may_admit(self, req: Any) -> bool | None:
+        """The mode's word first, then the pool's (None: nobody objects)."""
+        planned = self.mode.may_admit(req)
+        return planned if planned is not None else self._pool_may_admit(req)
+
+    @guarded("pool", POOL_FAILED)
+    def _pool_may_admit(self, req: Any) -> bool:
+        return self.pool.may_admit(req)
+
+    @guarded("pool", POOL_FAILED)
+    def admitted(self, req: Any, tree_cache: Any) -> None:
+        self.pool.on_admitted(req, tree_cache)
+
+    def note_arrival(self, scheduler: Any, req: Any) -> None:
+        """A request entered the waiting queue for the first time (not a retracted one coming back)."""
+        if not is_offline(req.routing_key):
+            self._record_arrival(scheduler, req)
+        self.mode.note_arrival(scheduler, req)
+
+    def before_prefill(self, scheduler: Any, running_batch: Any) -> None:
+        self.mode.before_prefill(scheduler, running_batch)
+
+    def before_decode(self, scheduler: Any, batch: Any) -> None:
+        self.mode.before_decode(scheduler, batch)
+
+    def end_iteration(self) -> None:
+        self._record_plan(self.mode.end_iteration())
+
+    def begin_forward(self, scheduler: Any, batch: Any) -> None:
+        self._record_begin(scheduler, batch)
+
+    def forward_done(self, forward_s: float) -> None:
+        self.mode.forward_done(self._record_forward(), forward_s)
+
+    def batch_done(self, batch: Any) -> None:
+        """SGLang has processed ``batch``'s result: progress and completions."""
+        self._report_batch(batch.reqs)
+        self.mode.observe_batch(batch)
+
+    @guarded("pool", POOL_FAILED)
+    def _report_batch(self, reqs: list) -> None:
+        self.pool.on_batch_result(reqs)
+
+    @guarded("recorder", RECORD_FAILED)
+    def _record_arrival(self, scheduler: Any, req: Any) -> None:
+        self.recorder.arrived(req.rid, int(scheduler.forward_ct))
+
+    @guarded("recorder", RECORD_FAILED)
+    def _record_plan(self, summary: dict[str, Any] | None) -> None:
+        self.recorder.plan_summary = summary or {}
+
+    @guarded("recorder", RECORD_FAILED)
+    def _record_begin(self, scheduler: Any, batch: Any) -> None:
+        self.recorder.begin(batch, int(scheduler.forward_ct) + 1)
+
+    @guarded("recorder", RECORD_FAILED)
+    def _record_forward(self) -> dict[str, Any] | None:
+        return self.recorder.forward_done()

@@ -1,0 +1,120 @@
+"""What a launcher tells the plugin in SGLang's scheduler: one typed value, one environment variable.
+
+SGLang starts its scheduler in processes of its own and passes them nothing of ours but the
+environment, so every launcher (`sgl-blend serve`, `run-batch`, `tune-slo`, the latency profiler,
+the benches and tests) builds a `PluginSettings` and passes ``to_env()``; the plugin's `register`
+reads it back with `from_env`. One variable, validated on both sides, means a launcher cannot set
+half of the settings or misspell one, and a malformed value is refused with a message that names
+it instead of being half-read. Importing this module does not import SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping
+
+from sgl_blend.core.colocation import ColocationConfig
+from sgl_blend.core.cost_model import HardwareSpec
+from sgl_blend.launch.cpu_compat import cuda_present
+
+SETTINGS_ENV = "SGLBLEND_SETTINGS"
+OFF = "off"
+DEFAULT_POLICY = "blendserve"
+DEFAULT_HARDWARE = "a100-80g"
+CPU_HARDWARE = "cpu"
+
+
+class SettingsError(ValueError):
+    """The settings variable, or a value in it, cannot be used."""
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    """``offline_policy`` orders offline work in the plugin's pool (``off``: no pool, SGLang's own
+    ``--schedule-policy`` orders everything). ``hardware`` names the cost model's device (a
+    built-in name or an `sgl-blend profile` JSON; None: `configured_hardware`'s default).
+    ``psm_utility`` is HyGen's anti-starvation utility for the ``psm`` policy (None: its default).
+    ``record_policy_calls`` keeps every call the scheduler makes on the policy, for replay in the
+    simulator. ``iteration_log``, when set, is a JSONL file every per-iteration record is
+    appended to (what `sgl-blend profile --latency` fits on)."""
+
+    offline_policy: str = DEFAULT_POLICY
+    hardware: str | None = None
+    psm_utility: float | None = None
+    record_policy_calls: bool = False
+    colocation: ColocationConfig = field(default_factory=ColocationConfig)
+    iteration_log: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.offline_policy, str) or not self.offline_policy:
+            raise SettingsError(f"offline_policy must be a policy name, got {self.offline_policy!r}")
+        for name in ("hardware", "iteration_log"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise SettingsError(f"{name} must be a non-empty string or null, got {value!r}")
+        utility = self.psm_utility
+        if utility is not None and not (isinstance(utility, (int, float)) and not isinstance(utility, bool)
+                                        and 0.0 <= utility <= 1.0):
+            raise SettingsError(f"psm_utility must be a number in [0, 1] or null, got {utility!r}")
+        if not isinstance(self.record_policy_calls, bool):
+            raise SettingsError(f"record_policy_calls must be true or false, got {self.record_policy_calls!r}")
+        if not isinstance(self.colocation, ColocationConfig):
+            raise SettingsError(f"colocation must be a ColocationConfig, got {self.colocation!r}")
+
+    @property
+    def pool_enabled(self) -> bool:
+        return self.offline_policy != OFF
+
+    def device(self, tp_size: int = 1) -> HardwareSpec:
+        """The cost model's device as one scheduler of a ``tp_size``-wide TP group sees it."""
+        return configured_hardware(tp_size, self.hardware)
+
+    def updated(self, **changes: Any) -> PluginSettings:
+        return replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    def to_env(self) -> dict[str, str]:
+        """The one variable a server process needs, for ``env.update``."""
+        return {SETTINGS_ENV: self.to_json()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PluginSettings:
+        if not isinstance(data, Mapping):
+            raise SettingsError(f"expected a JSON object, got {type(data).__name__}")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
+        values = dict(data)
+        colocation = values.pop("colocation", None)
+        if colocation is not None:
+            if not isinstance(colocation, Mapping):
+                raise SettingsError(f"colocation must be a JSON object, got {colocation!r}")
+            try:
+                values["colocation"] = ColocationConfig.from_dict(dict(colocation))
+            except (TypeError, ValueError) as error:
+                raise SettingsError(f"colocation: {error}") from None
+        return cls(**values)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PluginSettings:
+        """The settings a launcher passed (the defaults when it passed none)."""
+        text = (os.environ if environ is None else environ).get(SETTINGS_ENV)
+        if not text:
+            return cls()
+        try:
+            return cls.from_dict(json.loads(text))
+        except ValueError as error:
+            raise SettingsError(f"{SETTINGS_ENV} is not valid plugin settings ({error}): {text[:200]!r}") from None
+
+
+def configured_hardware(tp_size: int = 1, name: str | None = None) -> HardwareSpec:
+    """The device ``name`` as one scheduler sees it: a TP group of ``tp_size`` devices has that
+    many times the compute, bandwidth and KV memory of one. Without a name the default is the
+    measured ``cpu`` profile when there is no CUDA (its overlap makes BlendServe order by prefix
+    with one cursor), else an A100."""
+    default = DEFAULT_HARDWARE if cuda_present() else CPU_HARDWARE
+    return HardwareSpec.resolve(name or default).scaled(tp_size)

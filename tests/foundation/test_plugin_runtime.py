@@ -1,0 +1,67 @@
+"""The plugin runtime without a server: which mode each co-location setting runs, and the rule
+that a failing part switches itself off (logged once) while the rest keeps going."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from sgl_blend.core.colocation import ColocationConfig
+from sgl_blend.sglang_plugin.modes import Mode, make_mode
+from sgl_blend.sglang_plugin.modes.bros import BrosMode
+from sgl_blend.sglang_plugin.modes.colocation import ColocationMode
+from sgl_blend.sglang_plugin.runtime import PluginRuntime
+from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
+
+MODEL = {"form": "hygen", "coefficients": {"intercept": 1e-3, "S_p": 1e-5, "S_d": 0.0, "S_p^2": 0.0, "S_d^2": 0.0,
+                                            "N_p": 0.0, "N_d": 0.0}}
+BROS_MODEL = {"form": "bros", "coefficients": {"b_prefill": 5e-3, "a0_prefill": 2e-5, "a1_prefill": 0.0,
+                                                "b_decode": 5e-3, "a0_decode": 1e-3, "a1_decode": 0.0}}
+
+
+class ExplodingPool:
+    def order_waiting_queue(self, waiting_queue: list, free_kv_tokens: int) -> None:
+        raise RuntimeError("boom")
+
+
+class TreeCache:
+    class token_to_kv_pool_allocator:
+        @staticmethod
+        def available_size() -> int:
+            return 100
+
+    @staticmethod
+    def evictable_size() -> int:
+        return 0
+
+
+def test_each_colocation_setting_runs_its_mode() -> None:
+    assert type(make_mode(ColocationConfig())) is Mode
+    hygen = make_mode(ColocationConfig(mode="hygen", latency_model=MODEL))
+    echo = make_mode(ColocationConfig(mode="echo", ttft_slo_s=1.0, tpot_slo_s=0.1, latency_model=MODEL))
+    assert isinstance(hygen, ColocationMode) and not hygen.kv_priorities
+    assert isinstance(echo, ColocationMode) and echo.kv_priorities
+    assert isinstance(make_mode(ColocationConfig(mode="bros", latency_model=BROS_MODEL)), BrosMode)
+
+
+def test_a_failing_pool_is_switched_off_once_and_the_rest_keeps_going(caplog: pytest.LogCaptureFixture) -> None:
+    runtime = PluginRuntime(PluginSettings(offline_policy=OFF))
+    runtime.pool = ExplodingPool()  # type: ignore[assignment]
+    queue: list[Any] = []
+    with caplog.at_level(logging.ERROR):
+        runtime.order_waiting_queue(queue, TreeCache())
+        runtime.order_waiting_queue(queue, TreeCache())
+    assert runtime.pool is None and runtime.recorder is not None
+    assert [record.message for record in caplog.records].count(
+        "sgl-blend offline pool failed; falling back to SGLang's own scheduling") == 1
+    assert runtime.may_admit(object()) is None
+
+
+def test_settings_changes_reach_the_running_mode_and_restart_a_failed_one() -> None:
+    mode = make_mode(ColocationConfig(mode="hygen", latency_model=MODEL))
+    assert mode.reconfigure({"latency_budget_s": 0.05}).latency_budget_s == 0.05
+    assert mode.current_config().latency_budget_s == 0.05
+    mode.state = None
+    assert mode.reconfigure({"latency_budget_s": 0.02}).latency_budget_s == 0.02 and mode.state is not None
