@@ -31,7 +31,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from sgl_blend.workloads.batch_files import fewshot_lines, iter_sharegpt_conversations
+from sgl_blend.client import http
+from sgl_blend.workloads.batch_files import fewshot_lines
+from sgl_blend.workloads.sharegpt import first_exchange, iter_conversations
 from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
 from sgl_blend.workloads.arrivals import arrival_times
 from sgl_blend.jobs.lines import BatchLine, parse_line
@@ -53,11 +55,10 @@ THROUGHPUT_BIN_S = 5.0
 def sharegpt_prompts(n: int, seed: int, max_chars: int, max_tokens_cap: int) -> list[tuple[str, int]]:
     """First human turns and their reply lengths (about four characters a token), capped."""
     prompts = []
-    for conversation in iter_sharegpt_conversations(limit=4 * n):
-        turns = conversation.get("conversations") or []
-        if len(turns) >= 2 and turns[0].get("from") == "human" and turns[0].get("value"):
-            prompts.append((turns[0]["value"][:max_chars],
-                            max(4, min(max_tokens_cap, len(turns[1].get("value", "")) // 4))))
+    for conversation in iter_conversations(limit=4 * n):
+        exchange = first_exchange(conversation)
+        if exchange is not None:
+            prompts.append((exchange[0][:max_chars], max(4, min(max_tokens_cap, len(exchange[1]) // 4))))
     random.Random(seed).shuffle(prompts)
     return prompts[:n]
 
@@ -100,15 +101,8 @@ def run_trial(server: ServerProcess, trace: Sequence[OnlineRequest], lines: Sequ
 
 
 def plugin_counts(server: ServerProcess) -> dict[str, Any]:
-    state = _server_info(server)["internal_states"][0].get("sgl_blend") or {}
+    state = http.server_info(server.base_url, server.api_key)["internal_states"][0].get("sgl_blend") or {}
     return (state.get("colocation") or {}).get("counts", {})
-
-
-def _server_info(server: ServerProcess) -> dict[str, Any]:
-    import urllib.request
-
-    with urllib.request.urlopen(f"{server.base_url}/server_info", timeout=60) as response:
-        return json.load(response)
 
 
 def slo_targets(reference: dict[str, Any]) -> list[SLO]:

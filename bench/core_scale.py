@@ -34,7 +34,7 @@ import time
 from array import array
 from pathlib import Path
 
-from sgl_blend.workloads.batch_files import iter_sharegpt_conversations
+from sgl_blend.workloads.sharegpt import iter_conversations
 from sgl_blend.core.cost_model import HardwareSpec, model_spec
 from sgl_blend.core.policies import make_policy
 from sgl_blend.core.prefill_room import prefill_room
@@ -61,7 +61,7 @@ def build_requests(n: int, seed: int) -> tuple[list[OfflineRequest], float]:
     rng = random.Random(seed)
     start = time.perf_counter()
     texts = []
-    for conversation in iter_sharegpt_conversations(limit=40000):
+    for conversation in iter_conversations(limit=40000):
         turns = conversation.get("conversations") or []
         if turns and turns[0].get("from") == "human" and turns[0].get("value"):
             texts.append(turns[0]["value"][:4000])

@@ -22,7 +22,8 @@ from sgl_blend.server.store import LineRow
 
 if TYPE_CHECKING:
     from sgl_blend.jobs.line_plan import LinePlanner
-    from sgl_blend.server.runner import BatchRunner, _ActiveBatch
+    from sgl_blend.server.dispatch import ActiveBatch
+    from sgl_blend.server.runner import BatchRunner
 
 logger = logging.getLogger(__name__)
 FAILS_AT_ONCE_RANK = -1  # lines that fail without running go first: they cost nothing
@@ -65,7 +66,7 @@ class GlobalPlanState:
             if outcome.ok:
                 self.observed[key] = (self.samples[key], outcome.usage.completion_tokens)
 
-    async def _plan(self, runner: BatchRunner, batches: list[_ActiveBatch]) -> None:
+    async def _plan(self, runner: BatchRunner, batches: list[ActiveBatch]) -> None:
         store = runner.store
         if not self.plans and not self.samples:
             unplanned = await asyncio.gather(*(asyncio.to_thread(store.unplanned_lines, batch.id) for batch in batches))
@@ -105,7 +106,7 @@ class GlobalPlanState:
         self._adopt(runner, batches)
 
     @staticmethod
-    def _adopt(runner: BatchRunner, batches: list[_ActiveBatch]) -> None:
+    def _adopt(runner: BatchRunner, batches: list[ActiveBatch]) -> None:
         for batch in batches:
             batch.planned = True
-            runner._reread(batch)
+            batch.reread()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -12,16 +11,16 @@ import openai
 from openai.types import Batch
 from tqdm import tqdm
 
-URL_ENV, API_KEY_ENV = "SGLBLEND_URL", "SGLBLEND_API_KEY"
-DEFAULT_URL = "http://127.0.0.1:30000"
+from sgl_blend.client import http
+
 FINISHED = ("completed", "failed", "expired", "cancelled")
 
 
 def connect(url: str | None = None, api_key: str | None = None) -> openai.OpenAI:
-    """A client for an sgl-blend server (``$SGLBLEND_URL`` / ``$SGLBLEND_API_KEY`` by default)."""
-    url = (url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
-    key = api_key or os.environ.get(API_KEY_ENV) or "none"
-    return openai.OpenAI(base_url=url if url.endswith("/v1") else url + "/v1", api_key=key)
+    """A client for an sgl-blend server (``$SGLBLEND_URL`` / ``$SGLBLEND_API_KEY`` by default,
+    resolved by `client.http` as for every other request)."""
+    url = http.server_url(url)
+    return openai.OpenAI(base_url=url if url.endswith("/v1") else url + "/v1", api_key=http.api_key(api_key) or "none")
 
 
 def first_url(path: Path) -> str:

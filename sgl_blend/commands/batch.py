@@ -12,7 +12,7 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sgl_blend.client.batches import API_KEY_ENV, DEFAULT_URL, URL_ENV
+    from sgl_blend.client.http import API_KEY_ENV, DEFAULT_URL, URL_ENV
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=None, help=f"server URL (default ${URL_ENV} or {DEFAULT_URL})")

@@ -19,8 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import openai
-
+    from sgl_blend.client.batches import connect
     from sgl_blend.server.config import BatchApiConfig
     from sgl_blend.launch.supervisor import ServerStartError, start_server
 
@@ -36,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         print(f"[demo] server ready in {time.monotonic() - start:.1f} s at {server.base_url}", flush=True)
-        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key or "none")
+        client = connect(server.base_url, server.api_key)
         question = "What is the capital of France?"
         answer = client.chat.completions.create(
             model=args.model, messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0

@@ -15,7 +15,6 @@ whose node counts stay exact as requests come and go, and hands out handles to t
 from __future__ import annotations
 
 import math
-from array import array
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -78,17 +77,9 @@ class ReuserIndex:
     def locate(self, tokens: Sequence[int]) -> ReuserHandle | None:
         """The node holding the last of ``tokens`` on the path of the prompts that start with all
         of them, or None when no unfinished prompt does."""
-        ids = tokens if isinstance(tokens, array) else array("i", tokens)
-        node, position = self.tree.root, 0
-        while position < len(ids):
-            child = node.children.get(ids[position])
-            if child is None:
-                return None
-            span = min(child.edge_len, len(ids) - position)
-            if child.source[child.start:child.start + span] != ids[position:position + span]:
-                return None
-            node, position = child, position + span
-        return ReuserHandle(node, node.start) if node is not self.tree.root else None
+        path, matched, _covered = self.tree.match(tokens)
+        node = path[-1]
+        return ReuserHandle(node, node.start) if matched == len(tokens) and node is not self.tree.root else None
 
     def is_current(self, handle: ReuserHandle) -> bool:
         node = handle.node

@@ -80,23 +80,35 @@ class PrefixTree:
     def __len__(self) -> int:
         return self.root.count
 
-    def insert(self, request: int, tokens: Sequence[int] | array, comp: float, mem: float) -> Node:
+    def match(self, tokens: Sequence[int] | array) -> tuple[list[Node], int, int]:
+        """Follow ``tokens`` down from the root as far as they match: the nodes entered (the root
+        first), how many tokens matched, and how many of the last node's edge they cover (less
+        than its ``edge_len`` when they end or differ inside it)."""
         ids = tokens if isinstance(tokens, array) else array("i", tokens)
         node, position = self.root, 0
         path = [self.root]
         while position < len(ids):
             child = node.children.get(ids[position])
             if child is None:
-                leaf = Node(node, ids[position:], 0, len(ids) - position)
-                node.children[ids[position]] = leaf
-                node, position = leaf, len(ids)
-                path.append(leaf)
                 break
             limit = min(child.edge_len, len(ids) - position)
             matched = _common_prefix(child.source, child.start, ids, position, limit)
+            path.append(child)
+            position += matched
             if matched < child.edge_len:
-                child = self._split(child, matched)
-            node, position = child, position + matched
+                return path, position, matched
+            node = child
+        return path, position, node.edge_len
+
+    def insert(self, request: int, tokens: Sequence[int] | array, comp: float, mem: float) -> Node:
+        ids = tokens if isinstance(tokens, array) else array("i", tokens)
+        path, position, covered = self.match(ids)
+        node = path[-1]
+        if covered < node.edge_len:
+            node = path[-1] = self._split(node, covered)
+        if position < len(ids):
+            node = Node(node, ids[position:], 0, len(ids) - position)
+            node.parent.children[ids[position]] = node
             path.append(node)
         node.requests.append(request)
         self.node_of[request] = node

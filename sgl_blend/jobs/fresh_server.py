@@ -6,10 +6,10 @@ and the plugin's final scheduler state read back from ``/server_info``.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from sgl_blend.client import http
 from sgl_blend.core.policy_registry import RUN_BATCH, lookup
 from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.jobs.run_batch import JobTotals, finished_keys, read_lines, run_job
@@ -102,13 +102,13 @@ def run_on_server(
     from sgl_blend.launch.flags import flag_value
     from sgl_blend.jobs.line_plan import LinePlanner
 
-    info = server_info(server)
+    info = http.server_info(server.base_url, server.api_key)
     model_path = flag_value(server.argv, "--model-path")
     device = configured_hardware(int(info.get("tp_size") or 1), hardware)
     dp_ranks = None
-    if int(info.get("dp_size") or 1) > 1:
+    if http.dp_size(info) > 1:
         dp_ranks = plan_dp_ranks(input_path, finished_keys(output_path, error_path)[0], model_path, device,
-                                 int(info["dp_size"]))
+                                 http.dp_size(info))
     planner = LinePlanner.for_policy(policy, model_path, device) if policy else None
     side_thread = threading.Thread(target=while_running, args=(server,)) if while_running else None
     if side_thread:
@@ -121,18 +121,10 @@ def run_on_server(
     return totals, scheduler_plugin_state(server)
 
 
-def server_info(server: ServerProcess) -> dict[str, Any]:
-    import urllib.request
-
-    request = urllib.request.Request(f"{server.base_url}/server_info",
-                                     headers={"Authorization": f"Bearer {server.api_key}"} if server.api_key else {})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.load(response)
-
-
 def scheduler_plugin_state(server: ServerProcess) -> dict[str, Any]:
     """The plugin's state as the first DP rank's scheduler reports it in ``/server_info``, with
     every rank's own state, by rank, under ``ranks`` when there are several."""
-    states = [state.get("sgl_blend", {}) for state in server_info(server)["internal_states"]]
+    info = http.server_info(server.base_url, server.api_key)
+    states = [state.get("sgl_blend", {}) for state in info["internal_states"]]
     states.sort(key=lambda state: state.get("dp_rank") or 0)
     return {**states[0], "ranks": states} if len(states) > 1 else states[0]

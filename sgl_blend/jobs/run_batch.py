@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TextIO
 
-import aiohttp
+import httpx
 from tqdm import tqdm
 
+from sgl_blend.client import http
 from sgl_blend.jobs.lines import BatchLine, LineError, duplicate_id_error, line_error_record, parse_line
-from sgl_blend.jobs.sender import LineUsage, WorkerUnreachable, open_session, send_line
+from sgl_blend.jobs.sender import LineUsage, WorkerUnreachable, send_line
 from sgl_blend.offline import offline_headers
 
 if TYPE_CHECKING:
@@ -142,13 +143,12 @@ async def run_job(
         else:
             totals.seen_ids.add(item.custom_id)
             runnable[item.line_number] = item
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     bar = tqdm(total=len(runnable) + invalid, initial=invalid, unit="req", disable=not show_progress,
                dynamic_ncols=True)
     start = time.monotonic()
     try:
-        async with open_session(max_inflight, headers) as session:
-            sender = _LineFeed(session, base_url, job_id, max_inflight, totals, outputs, errors, bar, start, dp_ranks)
+        async with http.async_client(key=api_key, max_connections=max_inflight) as client:
+            sender = _LineFeed(client, base_url, job_id, max_inflight, totals, outputs, errors, bar, start, dp_ranks)
             if planner is None:
                 await sender.send((line, None) for line in runnable.values())
             else:
@@ -178,10 +178,10 @@ async def _send_by_plan(planner: LinePlanner, lines: dict[int, BatchLine], feed:
 class _LineFeed:
     """Sends lines through a window of ``max_inflight`` and records each answer as it comes."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, job_id: str, max_inflight: int,
+    def __init__(self, client: httpx.AsyncClient, base_url: str, job_id: str, max_inflight: int,
                  totals: JobTotals, outputs: JsonlAppender, errors: JsonlAppender, bar: tqdm, start: float,
                  dp_ranks: Mapping[int, int] | None) -> None:
-        self.session, self.base_url, self.job_id = session, base_url, job_id
+        self.client, self.base_url, self.job_id = client, base_url, job_id
         self.window = asyncio.Semaphore(max_inflight)
         self.totals, self.outputs, self.errors, self.bar, self.start = totals, outputs, errors, bar, start
         self.dp_ranks = dp_ranks or {}
@@ -208,7 +208,7 @@ class _LineFeed:
     async def _send_one(self, line: BatchLine, placement: Placement | None, lengths: dict[int, int]) -> None:
         totals = self.totals
         try:
-            outcome = await send_line(self.session, self.base_url, line, offline_headers(self.job_id, placement),
+            outcome = await send_line(self.client, self.base_url, line, offline_headers(self.job_id, placement),
                                       dp_rank=self.dp_ranks.get(line.line_number))
         except WorkerUnreachable:
             totals.not_run += 1

@@ -13,8 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import aiohttp
+import httpx
 
+from sgl_blend.client import http
 from sgl_blend.jobs.lines import BatchLine, output_record
 
 # The routes whose request carries SGLang's ``routed_dp_rank`` (embedding requests have no such field).
@@ -69,15 +70,7 @@ class LineOutcome:
     aborted: bool = False
 
 
-def open_session(max_inflight: int, headers: Mapping[str, str] | None = None) -> aiohttp.ClientSession:
-    """A client session that really keeps ``max_inflight`` requests open (aiohttp's default pool
-    stops at 100), with no overall timeout: a long generation is not a failure."""
-    connector = aiohttp.TCPConnector(limit=max_inflight, limit_per_host=0)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=dict(headers or {}))
-
-
-async def send_line(session: aiohttp.ClientSession, base_url: str, line: BatchLine,
+async def send_line(client: httpx.AsyncClient, base_url: str, line: BatchLine,
                     headers: Mapping[str, str] | None = None, rid: str | None = None,
                     dp_rank: int | None = None) -> LineOutcome:
     """POST the line's body to ``base_url + line.url``; any HTTP answer becomes the line's record.
@@ -86,12 +79,12 @@ async def send_line(session: aiohttp.ClientSession, base_url: str, line: BatchLi
     body = {**line.body, "rid": rid} if rid else line.body
     if dp_rank is not None and line.url in DP_ROUTED_URLS:
         body = {**body, "routed_dp_rank": dp_rank}
-    try:
-        async with session.post(base_url + line.url, json=body, headers=headers) as response:
-            text = await response.text()
-            status = response.status
-    except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+    try:  # encoded here: httpx's own JSON encoding refuses the NaN a line may carry; the server judges it
+        response = await client.post(base_url + line.url, content=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    except http.NoAnswer as error:
         raise WorkerUnreachable(f"{base_url}: {type(error).__name__}: {error}") from error
+    text, status = response.text, response.status_code
     try:
         body = json.loads(text)
     except json.JSONDecodeError:
@@ -105,7 +98,7 @@ async def send_line(session: aiohttp.ClientSession, base_url: str, line: BatchLi
                        LineUsage.from_body(body), aborted)
 
 
-async def abort_requests(session: aiohttp.ClientSession, base_url: str, rids: list[str],
+async def abort_requests(client: httpx.AsyncClient, base_url: str, rids: list[str],
                          headers: Mapping[str, str] | None = None) -> None:
     """Stop requests a server is still running (``POST /abort_request``); each answers at once
     with ``finish_reason`` abort. Dropping the connection instead leaves SGLang to notice the
@@ -113,9 +106,8 @@ async def abort_requests(session: aiohttp.ClientSession, base_url: str, rids: li
     request already gone needs nothing, so failures pass."""
     async def abort(rid: str) -> None:
         try:
-            async with session.post(base_url + "/abort_request", json={"rid": rid}, headers=headers) as response:
-                await response.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+            await client.post(base_url + "/abort_request", json={"rid": rid}, headers=headers)
+        except http.NoAnswer:
             pass
 
     await asyncio.gather(*(abort(rid) for rid in rids))

@@ -12,12 +12,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+import httpx
+
+from sgl_blend.client import http
 from sgl_blend.launch import cpu_compat
 from sgl_blend.launch.flags import CPU_DEFAULT_FLAGS, CPU_ENV, flag_value, with_defaults
 from sgl_blend.models.registry import resolve_model_path
@@ -128,22 +129,18 @@ def start_server(
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
-    while time.monotonic() < deadline:
-        code = server.process.poll()
-        if code is not None:
-            where = f"; see {server.log_path}" if server.log_path else ""
-            raise ServerStartError(f"SGLang exited with code {code} before becoming healthy{where}")
+    with http.client(server.base_url, server.api_key, timeout=5) as client:
+        def healthy() -> None:
+            code = server.process.poll()
+            if code is not None:
+                where = f"; see {server.log_path}" if server.log_path else ""
+                raise ServerStartError(f"SGLang exited with code {code} before becoming healthy{where}")
+            client.get("/health").raise_for_status()
+
         try:
-            request = urllib.request.Request(server.base_url + "/health", headers=headers)
-            with urllib.request.urlopen(request, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.5)
-    raise ServerStartError(f"SGLang did not become healthy within {timeout_s:.0f} s")
+            http.retry(healthy, timeout_s=timeout_s, backoff=http.Backoff(first_s=0.5, max_s=0.5))
+        except httpx.HTTPError as error:
+            raise ServerStartError(f"SGLang did not become healthy within {timeout_s:.0f} s ({error})") from None
 
 
 def serve_forever(server: ServerProcess) -> int:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import aiohttp
+import httpx
 
 from sgl_blend.core.latency_model import BatchShape, FitReport, fit_forms
 from sgl_blend.measure.online_replay import fresh_connections
@@ -71,34 +71,33 @@ class _Prompts:
         return [self.rng.randrange(16, self.vocab - 16) for _ in range(length)]
 
 
-async def _generate(session: aiohttp.ClientSession, input_ids: list[int], max_new_tokens: int) -> None:
+async def _generate(client: httpx.AsyncClient, input_ids: list[int], max_new_tokens: int) -> None:
     body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
                                                         "ignore_eos": True}}
-    async with session.post("/generate", json=body) as response:
-        if response.status != 200:
-            raise RuntimeError(f"/generate answered {response.status}: {(await response.text())[:300]}")
-        await response.read()
+    response = await client.post("/generate", json=body)
+    if response.status_code != 200:
+        raise RuntimeError(f"/generate answered {response.status_code}: {response.text[:300]}")
 
 
-async def _run_point(session: aiohttp.ClientSession, point: GridPoint, prompts: _Prompts) -> None:
+async def _run_point(client: httpx.AsyncClient, point: GridPoint, prompts: _Prompts) -> None:
     prefix = prompts.tokens(point.prefix) if point.prefix else []
     if prefix:
-        await _generate(session, prefix, 1)
-    decoders = [asyncio.create_task(_generate(session, prompts.tokens(point.decode_context), DECODE_STEPS))
+        await _generate(client, prefix, 1)
+    decoders = [asyncio.create_task(_generate(client, prompts.tokens(point.decode_context), DECODE_STEPS))
                 for _ in range(point.decoders)]
     if decoders:
         await asyncio.sleep(DECODER_HEAD_START_S)
-    prefills = [_generate(session, prefix + prompts.tokens(point.prefill_len), 1) for _ in range(point.prefills)]
+    prefills = [_generate(client, prefix + prompts.tokens(point.prefill_len), 1) for _ in range(point.prefills)]
     await asyncio.gather(*prefills, *decoders)
 
 
 async def drive_grid(base_url: str, points: Sequence[GridPoint], vocab_size: int, seed: int = 0,
                      repeats: int = 1) -> None:
     prompts = _Prompts(vocab_size, seed)
-    async with fresh_connections(base_url) as session:
+    async with fresh_connections(base_url) as client:
         for _ in range(repeats):
             for point in points:
-                await _run_point(session, point, prompts)
+                await _run_point(client, point, prompts)
 
 
 def read_records(log_path: Path) -> Iterator[dict[str, Any]]:

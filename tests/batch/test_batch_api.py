@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from sgl_blend.client import http
 from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import API_KEY, MAX_FILE_BYTES, MAX_FILE_LINES
 from tests.batch.helpers import (chat_line, chat_lines, create_batch, jsonl, mixed_lines, records, upload,
@@ -156,7 +157,7 @@ def test_every_route_needs_the_api_key(batch_server: ServerProcess, client: open
               ("POST", "/v1/batches"), ("GET", "/v1/batches"), ("GET", "/v1/batches/batch_x"),
               ("POST", "/v1/batches/batch_x/cancel")]
     for method, path in routes:
-        for headers in ({}, {"Authorization": "Bearer wrong"}):
+        for headers in ({}, http.auth_headers("wrong")):
             response = httpx.request(method, batch_server.base_url + path, headers=headers)
             assert response.status_code == 401, (method, path, response.text)
     stranger = openai.OpenAI(base_url=f"{batch_server.base_url}/v1", api_key="wrong", max_retries=0)
@@ -230,5 +231,5 @@ def test_bad_requests_get_openai_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(file_id)
     raw = httpx.post(f"{client.base_url}batches", content=b"{not json",
-                     headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+                     headers={**http.auth_headers(API_KEY), "Content-Type": "application/json"})
     assert raw.status_code == 400 and json.loads(raw.text)["error"]["type"] == "invalid_request_error"

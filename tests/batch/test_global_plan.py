@@ -12,8 +12,7 @@ import asyncio
 import time
 from pathlib import Path
 
-import requests
-
+from sgl_blend.client import http
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.runner import BatchRunner
 from sgl_blend.server.store import BatchStore
@@ -64,8 +63,7 @@ def test_two_batches_are_planned_together_and_fed_in_plan_order(batch_server: Se
     changes = sum(a != b for a, b in zip(families, families[1:]))
     assert changes == FAMILIES - 1, f"each family's lines of both batches are adjacent: {families}"
 
-    info = requests.get(f"{batch_server.base_url}/server_info", headers={"Authorization": f"Bearer {API_KEY}"},
-                        timeout=60).json()
+    info = http.server_info(batch_server.base_url, API_KEY)
     admissions = info["internal_states"][0]["sgl_blend"]["offline"]["admissions"]
     admitted = []
     for _iteration, rid, _side, _position, _tokens, _cap in admissions:

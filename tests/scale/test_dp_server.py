@@ -12,9 +12,10 @@ from typing import Any, Iterator
 import openai
 import pytest
 
+from sgl_blend.client import http
 from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.server.db import SQLITE_FILE
-from sgl_blend.jobs.fresh_server import run_on_server, server_info
+from sgl_blend.jobs.fresh_server import run_on_server
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from tests.batch.helpers import create_batch, jsonl, records, wait_until
 from tests.conftest import free_port
@@ -32,12 +33,12 @@ def dp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
 
 def finished_by_rank(server: ServerProcess) -> dict[int, int]:
     """Offline requests each rank's scheduler (its own plugin pool) has finished so far."""
-    states = [state["sgl_blend"] for state in server_info(server)["internal_states"]]
+    states = [state["sgl_blend"] for state in http.server_info(server.base_url)["internal_states"]]
     return {state["dp_rank"]: ((state["offline"] or {}).get("counts") or {}).get("finished", 0) for state in states}
 
 
 def test_the_plugin_runs_in_each_rank_scheduler(dp_server: ServerProcess) -> None:
-    states = [state["sgl_blend"] for state in server_info(dp_server)["internal_states"]]
+    states = [state["sgl_blend"] for state in http.server_info(dp_server.base_url)["internal_states"]]
     assert sorted(state["dp_rank"] for state in states) == [0, 1]
     assert len({state["pid"] for state in states} | {dp_server.process.pid}) == 3
 

@@ -1,0 +1,131 @@
+"""The worker servers a batch runner sends lines to, and the one HTTP client it reaches them with.
+
+Workers are base URLs: this server, and any others `sgl-blend serve --batch-workers` names. Each
+offers one slot per DP rank (its ``dp_size``, read from its ``/server_info``). A worker that gives
+no answer is paused with a growing back-off (`client.http.Backoff`) and its lines wait; one that
+stays unreachable for the grace period is declared dead, and is probed again at its back-off pace
+until it answers ``/server_info`` once more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+import httpx
+
+from sgl_blend.client import http
+from sgl_blend.jobs.lines import BatchLine
+from sgl_blend.jobs.sender import LineOutcome, WorkerUnreachable, abort_requests, send_line
+from sgl_blend.server.assignment import Slot, worker_slots
+
+logger = logging.getLogger(__name__)
+MAX_WORKER_BACKOFF_S = 10.0
+WORKER_GRACE_S = 15.0
+PROBE_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Worker:
+    url: str
+    dp_size: int | None = None  # None: not known to be alive (not probed yet, or declared dead)
+    inflight: int = 0
+    backoff: http.Backoff = field(default_factory=lambda: http.Backoff(max_s=MAX_WORKER_BACKOFF_S))
+
+    @property
+    def live(self) -> bool:
+        return self.dp_size is not None
+
+    def slots(self) -> list[Slot]:
+        return worker_slots(self.url, self.dp_size) if self.dp_size is not None else []
+
+
+class WorkerPool:
+    """Every worker by URL, over one client that holds up to ``max_inflight`` requests per worker.
+    ``on_change`` is called when a worker is declared dead (its lines must move)."""
+
+    def __init__(self, urls: Sequence[str], *, max_inflight: int, api_key: str | None = None,
+                 admin_api_key: str | None = None, grace_s: float = WORKER_GRACE_S,
+                 on_change: Callable[[], None] = lambda: None) -> None:
+        if not urls:
+            raise ValueError("a batch runner needs at least one worker URL")
+        self.workers = {url: Worker(url) for url in dict.fromkeys(urls)}
+        self.max_inflight = max_inflight
+        self.grace_s = grace_s
+        self._api_key = api_key
+        # SGLang guards /abort_request with the admin key when one is set.
+        self._abort_auth = http.auth_headers(admin_api_key or api_key)
+        self._on_change = on_change
+        self._client: httpx.AsyncClient | None = None
+
+    def __getitem__(self, url: str) -> Worker:
+        return self.workers[url]
+
+    def open(self) -> None:
+        self._client = http.async_client(key=self._api_key, max_connections=self.max_inflight * len(self.workers))
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    def live_slots(self) -> list[Slot]:
+        return [slot for worker in self.workers.values() for slot in worker.slots()]
+
+    def ready(self) -> Iterator[Worker]:
+        """The live workers that are not paused, each judged as the caller reaches it."""
+        now = time.monotonic()
+        return (worker for worker in self.workers.values() if worker.live and worker.backoff.ready(now))
+
+    async def send(self, worker: Worker, line: BatchLine, headers: Mapping[str, str], rid: str,
+                   dp_rank: int | None) -> LineOutcome:
+        """`send_line` to the worker; a `WorkerUnreachable` from it pauses the worker first."""
+        try:
+            outcome = await send_line(self._client, worker.url, line, headers, rid, dp_rank=dp_rank)
+        except WorkerUnreachable as error:
+            self._failed(worker, error)
+            raise
+        worker.backoff.succeeded()
+        return outcome
+
+    async def abort(self, running: Iterable[tuple[str, str]]) -> None:
+        """Abort (worker URL, SGLang request id) pairs, each worker's at once."""
+        running = list(running)
+        for url in self.workers:
+            rids = [rid for worker, rid in running if worker == url]
+            if rids:
+                await abort_requests(self._client, url, rids, self._abort_auth)
+
+    def _failed(self, worker: Worker, error: Exception) -> None:
+        """Pause a worker that did not answer (down, or not listening yet); its lines wait and go
+        again, since they never ran. One unreachable for the grace period is declared dead."""
+        now = time.monotonic()
+        pause = worker.backoff.failed(now)
+        if worker.live and worker.backoff.failing_for(now) >= self.grace_s:
+            logger.warning("worker %s unreachable for %.0f s; declaring it dead: %s", worker.url,
+                           worker.backoff.failing_for(now), error)
+            worker.dp_size = None
+            self._on_change()
+        else:
+            logger.info("worker unreachable, retrying in %.1f s: %s", pause, error)
+
+    async def probe(self) -> None:
+        """Ask each worker not known to be alive for its ``/server_info`` (at its back-off pace): one
+        that answers is alive, with as many slots as it has DP ranks."""
+        now = time.monotonic()
+        waiting = [worker for worker in self.workers.values() if not worker.live and worker.backoff.ready(now)]
+        for worker, dp_size in zip(waiting, await asyncio.gather(*(self._dp_size(worker) for worker in waiting))):
+            if dp_size is None:
+                worker.backoff.failed(now)
+                continue
+            worker.dp_size = dp_size
+            worker.backoff.succeeded()
+            logger.info("worker %s is alive with %d DP rank(s)", worker.url, dp_size)
+
+    async def _dp_size(self, worker: Worker) -> int | None:
+        try:
+            return http.dp_size(await http.server_info_async(self._client, worker.url, timeout=PROBE_TIMEOUT_S))
+        except (http.NoAnswer, httpx.HTTPStatusError, ValueError):
+            return None
