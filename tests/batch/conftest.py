@@ -49,9 +49,20 @@ def client_for(server: ServerProcess) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="session")
-def batch_server(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator[ServerProcess]:
-    work = tmp_path_factory.mktemp("batch-server")
-    server = start_batch_server(work, work / "data", new_database(postgres_url, "batch_server"))
+def batch_work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared server's log and, under ``data``, its file contents."""
+    return tmp_path_factory.mktemp("batch-server")
+
+
+@pytest.fixture(scope="session")
+def batch_store_url(postgres_url: str) -> str:
+    """The shared server's store, for tests that read it or run a runner of their own on it."""
+    return new_database(postgres_url, "batch_server")
+
+
+@pytest.fixture(scope="session")
+def batch_server(batch_work_dir: Path, batch_store_url: str) -> Iterator[ServerProcess]:
+    server = start_batch_server(batch_work_dir, batch_work_dir / "data", batch_store_url)
     yield server
     server.stop()
 

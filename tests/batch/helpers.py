@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 import openai
 from openai.types import Batch
 
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.ids import new_batch_id, new_file_id
+from sgl_blend.server.runner import BatchRunner
 from sgl_blend.server.store import BatchRow, BatchStore, FileRow
+from tests.waiting import WAIT_LIMIT_S, wait_for, wait_for_async
 
 FINISHED = ("completed", "failed", "expired", "cancelled")
-# A guard against a hung server, not a performance target: every batch here needs seconds.
-WAIT_LIMIT_S = 600
+__all__ = ["WAIT_LIMIT_S"]
 
 
 def chat_line(custom_id: str, max_tokens: int = 4, text: str | None = None) -> dict[str, Any]:
@@ -50,13 +52,26 @@ def create_batch(client: openai.OpenAI, lines: list[dict[str, Any] | str], *,
 
 def wait_until(client: openai.OpenAI, batch_id: str, done: Any = lambda batch: batch.status in FINISHED,
                poll_s: float = 0.2) -> Batch:
-    deadline = time.monotonic() + WAIT_LIMIT_S
-    while time.monotonic() < deadline:
+    """The batch, as the API shows it, once ``done(batch)`` holds (by default: once it finished)."""
+    def batch_if_done() -> Batch | None:
         batch = client.batches.retrieve(batch_id)
-        if done(batch):
-            return batch
-        time.sleep(poll_s)
-    raise AssertionError(f"batch {batch_id} still {batch.status} after {WAIT_LIMIT_S} s: {batch.request_counts}")
+        return batch if done(batch) else None
+
+    return wait_for(batch_if_done, f"batch {batch_id} to reach the awaited state", poll_s=poll_s)
+
+
+def run_until(runner: BatchRunner, condition: Callable[[], Any], what: str) -> None:
+    """Run a `BatchRunner` of the test's own until ``condition()`` holds, then stop it as a server
+    shutting down would (its finished lines committed, its leases released)."""
+    async def run() -> None:
+        task = asyncio.create_task(runner.run())
+        try:
+            await wait_for_async(condition, what)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run())
 
 
 def records(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -65,13 +80,16 @@ def records(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
 
 
-def add_batch(store: BatchStore, blobs: BlobDir, lines: list[dict[str, Any]]) -> str:
+def add_batch(store: BatchStore, blobs: BlobDir, lines: list[dict[str, Any]], *, owner: str | None = None) -> str:
     """A chat batch written straight into a store, as the routes would create it: for tests that
-    drive a `BatchRunner` of their own."""
+    drive a `BatchRunner` of their own. With ``owner``, that runner holds its lease from the start
+    (no server's runner sharing the store takes it up)."""
     source = new_file_id()
     blobs.path(source).write_bytes(jsonl(lines))
-    store.add_file(FileRow(source, "batch", "in.jsonl", blobs.path(source).stat().st_size, int(time.time())))
-    batch = BatchRow(new_batch_id(), "/v1/chat/completions", source, "24h", "validating", int(time.time()),
-                     int(time.time()) + 3600, output_blob=new_file_id(), error_blob=new_file_id())
+    now = int(time.time())
+    store.add_file(FileRow(source, "batch", "in.jsonl", blobs.path(source).stat().st_size, now))
+    batch = BatchRow(new_batch_id(), "/v1/chat/completions", source, "24h", "validating", now, now + 3600,
+                     output_blob=new_file_id(), error_blob=new_file_id(), owner=owner,
+                     lease_until=now + WAIT_LIMIT_S if owner else 0.0)
     store.add_batch(batch)
     return batch.id

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
@@ -11,9 +14,14 @@ import pytest
 
 from sgl_blend.client import http
 from sgl_blend.launch.supervisor import ServerProcess
+from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.ids import new_batch_id, new_file_id
+from sgl_blend.server.runner import BatchRunner
+from sgl_blend.server.store import BatchRow, BatchStore
 from tests.batch.conftest import API_KEY, MAX_FILE_BYTES, MAX_FILE_LINES
-from tests.batch.helpers import (chat_line, chat_lines, create_batch, jsonl, mixed_lines, records, upload,
-                                 wait_until)
+from tests.batch.helpers import (WAIT_LIMIT_S, chat_line, chat_lines, create_batch, jsonl, mixed_lines, records,
+                                 upload, wait_until)
+from tests.waiting import wait_for_async
 
 
 def test_happy_path(client: openai.OpenAI) -> None:
@@ -21,6 +29,7 @@ def test_happy_path(client: openai.OpenAI) -> None:
     created = create_batch(client, lines, metadata={"team": "eval"},
                            output_expires_after={"anchor": "created_at", "seconds": 7200})
     assert created.status == "validating" and created.id.startswith("batch_")
+    assert created.expires_at == created.created_at + 24 * 3600  # the completion window
 
     batch = wait_until(client, created.id)
     assert batch.status == "completed", batch
@@ -120,14 +129,49 @@ def test_cancel_mid_run_keeps_partial_output(client: openai.OpenAI) -> None:
         client.batches.cancel(created.id)
 
 
-def test_completion_window_expiry(client: openai.OpenAI) -> None:
-    lines = chat_lines(300, "expire", max_tokens=128)
-    batch = wait_until(client, create_batch(client, lines, window="2s").id)
+def test_completion_window_expiry(client: openai.OpenAI, batch_server: ServerProcess, batch_store_url: str,
+                                  batch_work_dir: Path) -> None:
+    """A batch whose window has passed when the server's runner takes it up mid-run: the lines
+    done so far are its output, every other line a `batch_expired` error, and nothing more runs.
 
-    assert batch.status == "expired" and batch.expired_at
+    A runner of the test's own starts the batch (holding its lease, on the server's store and data
+    directory) and completes a few lines one at a time; in one step of its event loop the test moves
+    ``expires_at`` into the past and stops it, so no line can finish after that. The server's own
+    runner then takes the batch up and must expire it, however fast the engine is."""
+    lines = chat_lines(30, "expire")
+    store, blobs = BatchStore.open(batch_store_url, batch_work_dir / "data"), BlobDir(batch_work_dir / "data")
+    now = int(time.time())
+    batch_id = new_batch_id()
+    store.add_batch(BatchRow(batch_id, "/v1/chat/completions", upload(client, lines), "24h", "validating", now,
+                             now + 24 * 3600, output_blob=new_file_id(), error_blob=new_file_id(),
+                             owner="expiry-test", lease_until=now + WAIT_LIMIT_S))
+    runner = BatchRunner(store, blobs, workers=[batch_server.base_url], owner="expiry-test", api_key=API_KEY,
+                         max_inflight=1)
+
+    async def run_a_few_lines_then_expire() -> None:
+        task = asyncio.create_task(runner.run())
+        try:
+            await wait_for_async(lambda: store.get_batch(batch_id).completed >= 3, "three lines done")
+            with store.db.transaction() as tx:
+                tx.execute("UPDATE batches SET expires_at = ? WHERE id = ?", (int(time.time()) - 1, batch_id))
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run_a_few_lines_then_expire())
+    ran = {line.custom_id for line in store.lines(batch_id) if line.state == "completed"}
+    store.close()
+    assert 3 <= len(ran) < len(lines), "the window closed mid-batch"
+
+    batch = wait_until(client, batch_id)
+    assert batch.status == "expired" and batch.in_progress_at <= batch.expired_at
+    assert batch.expires_at < batch.expired_at and batch.completed_at is None
+    assert batch.request_counts.model_dump() == {"total": len(lines), "completed": len(ran),
+                                                 "failed": len(lines) - len(ran)}
     done, expired = records(client, batch.output_file_id), records(client, batch.error_file_id)
+    assert {record["custom_id"] for record in done} == ran  # exactly what ran before the window closed
     assert {error["error"]["code"] for error in expired} == {"batch_expired"}
-    assert len(done) < 300
+    assert all(error["response"] is None for error in expired)
     assert sorted(record["custom_id"] for record in done + expired) == sorted(line["custom_id"] for line in lines)
 
 

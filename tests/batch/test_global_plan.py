@@ -8,8 +8,6 @@ only a joint plan puts a family's lines from both batches next to each other.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 from sgl_blend.client import http
@@ -21,7 +19,7 @@ from sgl_blend.models.registry import model_dir
 from sgl_blend.launch.supervisor import ServerProcess
 from sgl_blend.sglang_plugin.settings import configured_hardware
 from tests.batch.conftest import API_KEY
-from tests.batch.helpers import WAIT_LIMIT_S, add_batch, chat_line
+from tests.batch.helpers import add_batch, chat_line, run_until
 
 FAMILIES = 6
 PER_FAMILY = 8
@@ -42,16 +40,8 @@ def test_two_batches_are_planned_together_and_fed_in_plan_order(batch_server: Se
     runner = BatchRunner(store, blobs, workers=[batch_server.base_url], owner="plan-runner", api_key=API_KEY,
                          max_inflight=WINDOW, planner=planner)
 
-    async def run_until_finished() -> None:
-        task = asyncio.create_task(runner.run())
-        deadline = time.monotonic() + WAIT_LIMIT_S
-        while (any(store.get_batch(batch_id).status != "completed" for batch_id in batch_ids)
-               and time.monotonic() < deadline):
-            await asyncio.sleep(0.2)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    asyncio.run(run_until_finished())
+    run_until(runner, lambda: all(store.get_batch(batch_id).status == "completed" for batch_id in batch_ids),
+              "both batches to complete")
     assert [store.get_batch(batch_id).completed for batch_id in batch_ids] == [FAMILIES * PER_FAMILY] * 2
     with store.db.transaction() as tx:
         rows = tx.execute("SELECT batch_id, line_number, custom_id, plan_rank, placement FROM batch_lines")

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 from sgl_blend.server.assignment import Slot, split_evenly
@@ -15,7 +15,7 @@ from sgl_blend.server.runner import BatchRunner
 from sgl_blend.server.store import BatchStore, FileRow, LineRow
 from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import API_KEY
-from tests.batch.helpers import WAIT_LIMIT_S, add_batch, chat_lines
+from tests.batch.helpers import add_batch, chat_lines, run_until
 
 
 def test_split_evenly_keeps_neighbours_together() -> None:
@@ -37,14 +37,7 @@ def test_housekeeping_deletes_expired_files(tmp_path: Path) -> None:
         store.add_file(FileRow(file_id, "batch", "in.jsonl", 3, int(time.time()) - 10, expires_at))
     runner = BatchRunner(store, blobs, workers=["http://127.0.0.1:9"], owner="test-runner")
 
-    async def one_step() -> None:
-        task = asyncio.create_task(runner.run())
-        while store.get_file(expired) is not None:
-            await asyncio.sleep(0.05)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    asyncio.run(asyncio.wait_for(one_step(), WAIT_LIMIT_S))
+    run_until(runner, lambda: store.get_file(expired) is None, "the expired file's row to go")
     assert not blobs.path(expired).exists()
     assert store.get_file(kept) is not None and blobs.path(kept).exists()
     store.close()
@@ -58,21 +51,11 @@ def test_one_batch_over_two_workers(batch_server: ServerProcess, tmp_path: Path)
     workers = [batch_server.base_url, f"http://localhost:{port}"]
     runner = BatchRunner(store, blobs, workers=workers, owner="test-runner", api_key=API_KEY, max_inflight=8)
 
-    async def run_until_finished() -> None:
-        task = asyncio.create_task(runner.run())
-        deadline = time.monotonic() + WAIT_LIMIT_S
-        while store.get_batch(batch_id).status != "completed" and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    asyncio.run(run_until_finished())
+    run_until(runner, lambda: store.get_batch(batch_id).status == "completed", "the batch to complete")
     finished = store.get_batch(batch_id)
     assert finished.status == "completed" and finished.completed == 40
     done = [json.loads(line)["custom_id"] for line in blobs.path(finished.output_file_id).read_text().splitlines()]
     assert sorted(done) == sorted(line["custom_id"] for line in lines)
-    with store.db.transaction() as tx:
-        shares = tx.execute("SELECT worker, COUNT(*) AS n FROM batch_lines WHERE batch_id = ? GROUP BY worker",
-                            (batch_id,))
-    assert {row["worker"]: row["n"] for row in shares} == {workers[0]: 20, workers[1]: 20}
+    shares = Counter(line.worker for line in store.lines(batch_id))
+    assert shares == {workers[0]: 20, workers[1]: 20}
     store.close()

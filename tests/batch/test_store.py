@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -111,6 +112,19 @@ def test_leases_fence_a_second_runner(store: BatchStore) -> None:
     assert [row.id for row in store.claim_batches("runner-a", now=1053.0, lease_s=30)] == [batch.id]
 
 
+def test_a_batch_created_with_a_lease_stays_with_its_owner(store: BatchStore) -> None:
+    source = a_file()
+    store.add_file(source)
+    batch = dataclasses.replace(a_batch(source.id), owner="runner-a", lease_until=1030.0)
+    store.add_batch(batch)
+    assert store.claim_batches("runner-b", now=1000.0, lease_s=30) == []
+    assert [row.id for row in store.claim_batches("runner-a", now=1000.0, lease_s=30)] == [batch.id]
+    assert [row.id for row in store.claim_batches("runner-b", now=1031.0, lease_s=30)] == [batch.id]
+    free = a_batch(source.id)  # as the routes create them: no owner, any runner takes it up
+    store.add_batch(free)
+    assert [row.id for row in store.claim_batches("runner-c", now=1032.0, lease_s=30)] == [free.id]
+
+
 def test_validation_indexes_lines_and_bad_ones_carry_their_error(store: BatchStore, tmp_path: Path) -> None:
     wrong_url = {**chat_line("c"), "url": "/v1/embeddings"}
     batch = started(store, tmp_path, [chat_line("a"), "", "{oops", chat_line("a"), wrong_url, chat_line("b")])
@@ -163,6 +177,9 @@ def test_commits_count_each_line_once_and_assign_workers(store: BatchStore, tmp_
     assert (row.completed, row.failed, row.output_bytes, row.error_bytes) == (2, 1, 200, 90)
     assert (row.input_tokens, row.cached_tokens, row.output_tokens) == (30, 10, 8)
     assert [line.line_number for line in store.pending_lines(batch.id)] == [3, 5, 6]
+    assert [(line.line_number, line.state, line.worker) for line in store.lines(batch.id)] == [
+        (1, "completed", "http://w1"), (2, "completed", "http://w1"), (3, "pending", "http://w1"),
+        (4, "failed", "http://w2"), (5, "pending", "http://w2"), (6, "pending", "http://w2")]
 
 
 def test_finishing_respects_the_state_a_cancel_left(store: BatchStore, tmp_path: Path) -> None:

@@ -1,36 +1,52 @@
-"""Bad co-location input is refused before any server starts, with a message that says why."""
+"""Bad co-location input is refused before any server starts, with a message that says why.
+
+The commands run in this process (`sgl_blend.cli.main`): a refusal that regressed into starting a
+server would fail at once, since tests/conftest.py lets only tests marked ``server`` start one."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import signal
 from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from sgl_blend.cli import main
 
 
-def sgl_blend(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sgl_blend.cli", *args], capture_output=True, text=True, timeout=120)
+@pytest.fixture(autouse=True)
+def keep_sigterm_handler() -> Iterator[None]:
+    """`serve` installs its own SIGTERM handler as it starts; this process keeps pytest's."""
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)
 
 
-def test_serve_refuses_a_budget_without_a_latency_model() -> None:
-    result = sgl_blend("serve", "--model", "tiny-llama", "--colocation", "hygen", "--latency-budget-ms", "20")
-    assert result.returncode == 2
-    assert "needs a fitted latency model" in result.stderr and "profile --latency" in result.stderr
+def refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """Run the command; it must exit with 2 (a usage error); its stderr."""
+    assert main(list(args)) == 2
+    return capsys.readouterr().err
 
 
-def test_serve_refuses_echo_without_deadlines_and_a_bad_slo_file(tmp_path: Path) -> None:
+def test_serve_refuses_a_budget_without_a_latency_model(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(capsys, "serve", "--model", "tiny-llama", "--colocation", "hygen", "--latency-budget-ms", "20")
+    assert "needs a fitted latency model" in err and "profile --latency" in err
+
+
+def test_serve_refuses_echo_without_deadlines_and_a_bad_slo_file(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "fit.json"
     model.write_text(json.dumps({"form": "hygen", "coefficients": {name: 0.0 for name in
                                  ("intercept", "S_p", "S_d", "S_p^2", "S_d^2", "N_p", "N_d")}}))
-    result = sgl_blend("serve", "--model", "tiny-llama", "--colocation", "echo", "--latency-model", str(model))
-    assert result.returncode == 2 and "echo mode needs ttft_slo_s and tpot_slo_s" in result.stderr
+    err = refused(capsys, "serve", "--model", "tiny-llama", "--colocation", "echo", "--latency-model", str(model))
+    assert "echo mode needs ttft_slo_s and tpot_slo_s" in err
     broken = tmp_path / "slo.json"
     broken.write_text("{not json")
-    result = sgl_blend("serve", "--model", "tiny-llama", "--slo-file", str(broken))
-    assert result.returncode == 2 and "cannot read --slo-file" in result.stderr
+    assert "cannot read --slo-file" in refused(capsys, "serve", "--model", "tiny-llama", "--slo-file", str(broken))
 
 
-def test_tune_slo_checks_its_inputs(tmp_path: Path) -> None:
+def test_tune_slo_checks_its_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "trace.jsonl"
     trace.write_text('{"t": 0.0, "prompt": "hi", "max_tokens": 4}\n{"t": 1.0, "prompt": "hi"}\n')
     batch = tmp_path / "batch.jsonl"
@@ -39,10 +55,15 @@ def test_tune_slo_checks_its_inputs(tmp_path: Path) -> None:
     model = tmp_path / "fit.json"
     model.write_text(json.dumps({"form": "bros", "coefficients": {}}))
     base = ["tune-slo", "--online-trace", str(trace), "--offline-file", str(batch), "--latency-model", str(model)]
-    assert "give at least one SLO" in sgl_blend(*base).stderr
-    result = sgl_blend(*base, "--tbt-p99", "0.05")
-    assert result.returncode == 2 and "lacks coefficient" in result.stderr
+    assert "give at least one SLO" in refused(capsys, *base)
+    assert "lacks coefficient" in refused(capsys, *base, "--tbt-p99", "0.05")
     model.write_text(json.dumps({"form": "bros", "coefficients": {name: 0.0 for name in (
         "b_prefill", "a0_prefill", "a1_prefill", "b_decode", "a0_decode", "a1_decode")}}))
-    result = sgl_blend(*base, "--tbt-p99", "0.05")
-    assert result.returncode == 2 and "trace.jsonl:2" in result.stderr
+    assert "trace.jsonl:2" in refused(capsys, *base, "--tbt-p99", "0.05")
+
+
+def test_a_missing_required_flag_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune-slo", "--online-trace", "t.jsonl"])
+    assert exit_.value.code == 2
+    assert "the following arguments are required: --offline-file, --latency-model" in capsys.readouterr().err

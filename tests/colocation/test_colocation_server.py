@@ -8,7 +8,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import random
-import time
 import urllib.error
 import urllib.request
 from typing import Any, Iterator
@@ -22,6 +21,7 @@ from sgl_blend.offline import offline_routing_key
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from sgl_blend.sglang_plugin.settings import PluginSettings
 from tests.conftest import free_port
+from tests.waiting import wait_for
 
 KV_TOKENS = 4096
 VOCAB = 1024
@@ -71,11 +71,21 @@ def set_state(server: ServerProcess, settings: dict[str, float]) -> bool:
         return all(json.load(response))
 
 
-def wait_until(condition, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the server never reached the expected state"
-        time.sleep(0.1)
+def generate_streaming(server: ServerProcess, input_ids: list[int], max_new_tokens: int, rid: str,
+                       progress: list[int]) -> dict[str, Any]:
+    """An offline `generate` that streams, so the test sees how many tokens it has decoded so far
+    (``progress[0]``, from each chunk's ``completion_tokens``); the last chunk (cumulative output)."""
+    body: dict[str, Any] = {"input_ids": input_ids, "return_output_ids": True, "stream": True, "rid": rid,
+                            "routing_key": offline_routing_key("test"),
+                            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+    last: dict[str, Any] = {}
+    with requests.post(f"{server.base_url}/generate", json=body, stream=True, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith(b"data:") and line != b"data: [DONE]":
+                last = json.loads(line[len(b"data:"):])
+                progress[0] = last["meta_info"]["completion_tokens"]
+    return last
 
 
 def test_online_requests_are_admitted_in_the_next_iteration_under_offline_saturation(server: ServerProcess) -> None:
@@ -84,7 +94,7 @@ def test_online_requests_are_admitted_in_the_next_iteration_under_offline_satura
     assert set_state(server, {RESET: 1})
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         offline = [pool.submit(generate, server, tokens(400, seed), 100, offline=True) for seed in range(12)]
-        wait_until(lambda: (plugin_state(server)["offline"] or {}).get("running", 0) >= 6)
+        wait_for(lambda: (plugin_state(server)["offline"] or {}).get("running", 0) >= 6, "six offline requests running")
         online_ids = []
         for index in range(3):
             answer = generate(server, tokens(300, 1000 + index), 8, offline=False)
@@ -103,13 +113,16 @@ def test_online_requests_are_admitted_in_the_next_iteration_under_offline_satura
 
 
 def test_preempted_offline_request_resumes_from_its_cache_with_identical_output(server: ServerProcess) -> None:
-    prompt = tokens(300, 7)
+    """An offline request that has decoded ``decoded`` tokens when a 3400-token online request needs
+    its KV is retracted, resumes from the cached prompt and those tokens, and writes what it
+    writes undisturbed."""
+    prompt, decoded = tokens(300, 7), 100
     undisturbed = generate(server, prompt, 600, offline=True, rid="undisturbed")
     requests.post(f"{server.base_url}/flush_cache", timeout=60).raise_for_status()
+    progress = [0]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        interrupted = pool.submit(generate, server, prompt, 600, offline=True, rid="interrupted")
-        wait_until(lambda: any(r["offline_decode"] for r in plugin_state(server)["iterations"][-3:]))
-        time.sleep(0.5)
+        interrupted = pool.submit(generate_streaming, server, prompt, 600, "interrupted", progress)
+        wait_for(lambda: progress[0] >= decoded or interrupted.done(), f"the offline request to decode {decoded} tokens")
         online = generate(server, tokens(3400, 8), 8, offline=False)
         resumed = interrupted.result()
     assert len(online["output_ids"]) == 8
@@ -117,7 +130,7 @@ def test_preempted_offline_request_resumes_from_its_cache_with_identical_output(
     assert resumed["meta_info"]["num_retractions"] >= 1
     resumes = [entry for entry in plugin_state(server)["colocation"]["resumes"] if entry["rid"] == "interrupted"]
     assert resumes and all(entry["resumed_prefix"] > 0 for entry in resumes), resumes
-    assert resumes[0]["resumed_prefix"] >= len(prompt)
+    assert resumes[0]["resumed_prefix"] >= len(prompt) + decoded, resumes  # the decoded tokens' KV was kept too
 
 
 def test_settings_change_at_runtime_and_bad_ones_are_refused(server: ServerProcess) -> None:

@@ -4,7 +4,6 @@ paths never, and ``rc`` follows the offline requests as they arrive and finish."
 
 from __future__ import annotations
 
-import time
 from array import array
 
 import pytest
@@ -14,6 +13,7 @@ from sgl_blend.core.kv_priority import FINISHED_ONLINE, ReuserIndex, kv_priority
 from sgl_blend.offline import offline_routing_key
 
 LEAF = 4
+LONG_AGO = -1e9  # before any time.monotonic() reading
 
 
 @pytest.fixture()
@@ -31,14 +31,17 @@ def cache_and_index():
 
 
 def insert(cache, first: int):
-    """A leaf of LEAF tokens under the root, starting with token ``first``."""
+    """A leaf of LEAF tokens under the root, starting with token ``first``. Its last access is set
+    to ``LONG_AGO + first``: leaves starting with larger tokens are younger (a defined LRU order,
+    whatever the clock's resolution), and any access SGLang stamps later is younger still."""
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     tokens = array("q", range(first, first + LEAF))
     result = cache.insert(InsertParams(key=RadixKey(tokens), value=cache.token_to_kv_pool_allocator.alloc(LEAF)))
-    time.sleep(0.002)  # distinct last-access times, so LRU order is defined
-    return result.last_device_node
+    node = result.last_device_node
+    node.last_access_time = LONG_AGO + first
+    return node
 
 
 def release_online(cache, node) -> None:

@@ -4,24 +4,22 @@ loads, and the co-run fit that gives the simulator its interference constant."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from sgl_blend.cli import main
 from sgl_blend.kernels.corun import CorunSample, fit_report, measure_corun
 from sgl_blend.kernels.transfer import measure_transfers, peak_bandwidth
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 
 
-def test_profile_writes_a_loadable_hardware_spec(tmp_path: Path) -> None:
+def test_profile_writes_a_loadable_hardware_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "hw.json"
-    result = subprocess.run([sys.executable, "-m", "sgl_blend.cli", "profile", "--out", str(out), "--quick"],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    assert "decode_attention" in result.stdout and "gemm" in result.stdout
+    assert main(["profile", "--out", str(out), "--quick"]) == 0
+    printed = capsys.readouterr().out
+    assert "decode_attention" in printed and "gemm" in printed
     spec = HardwareSpec.resolve(str(out))
     assert spec.name == "cpu" and spec.flops > 0 and spec.bandwidth > 0 and spec.kv_memory_bytes > 0
     table = json.loads(out.read_text())["table"]

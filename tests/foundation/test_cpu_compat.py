@@ -1,4 +1,6 @@
-"""On a CPU-only machine the compat finder lets SGLang import, and the kernel stub refuses to run."""
+"""On a CPU-only machine the compat finder lets SGLang import, and the kernel stub refuses to run.
+Each check runs in a fresh interpreter: the finder acts on the first import of SGLang, which this
+test process made long ago."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ overlap gives blending nothing, so BlendServe must order by prefix and match DFS
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,6 +22,7 @@ from sgl_blend.jobs.fresh_server import run_on_fresh_server
 from sgl_blend.jobs.run_batch import JobTotals
 from sgl_blend.launch.supervisor import ServerProcess
 from tests.conftest import free_port
+from tests.waiting import wait_for
 
 KV_TOKENS = "8192"
 GROUPS = 16
@@ -28,39 +30,60 @@ ONLINE_REQUESTS = 6
 
 
 @dataclass
+class OnlineAnswer:
+    text: str
+    sent_at: float
+    answered_at: float
+
+
+@dataclass
 class PolicyRun:
     texts: dict[str, str]
     totals: JobTotals
     plugin: dict[str, Any]
-    online_answers: list[str]
+    online: list[OnlineAnswer] = field(default_factory=list)
+    # When the job had written its first offline result (as the online requests started), and
+    # its last: the output file's modification times then and after the job.
+    first_offline_at: float | None = None
+    last_offline_at: float | None = None
 
 
-def online_chat(answers: list[str]) -> Callable[[ServerProcess], None]:
-    """Online requests sent while the BlendServe job runs, on SGLang's ordinary chat route (only
-    then: under SGLang's own FCFS they would wait behind the whole job)."""
+def first_result_written(output: Path) -> float | None:
+    """The output file's modification time once the job has written a result to it."""
+    if not output.exists() or b"\n" not in output.read_bytes():
+        return None
+    return output.stat().st_mtime
+
+
+def online_chat(run: PolicyRun, output: Path) -> Callable[[ServerProcess], None]:
+    """Online requests on SGLang's ordinary chat route, sent one after another once the job has
+    finished its first offline line, so that they compete with the job; each answer's time."""
 
     def send(server: ServerProcess) -> None:
+        run.first_offline_at = wait_for(lambda: first_result_written(output), "the job's first offline result")
         for index in range(ONLINE_REQUESTS):
+            sent_at = time.time()
             response = requests.post(f"{server.base_url}/v1/chat/completions", timeout=300, json={
                 "model": "default", "messages": [{"role": "user", "content": f"online question {index}"}],
                 "max_tokens": 8, "temperature": 0})
             response.raise_for_status()
-            answers.append(response.json()["choices"][0]["message"]["content"])
+            run.online.append(OnlineAnswer(response.json()["choices"][0]["message"]["content"], sent_at, time.time()))
 
     return send
 
 
 def run_policy(policy: str, batch_file: Path, work: Path) -> PolicyRun:
-    answers: list[str] = []
-    totals, plugin = run_on_fresh_server(
-        "tiny-llama", policy, batch_file, work / "out.jsonl", work / "errors.jsonl",
+    run = PolicyRun({}, JobTotals(), {})
+    output = work / "out.jsonl"
+    run.totals, run.plugin = run_on_fresh_server(
+        "tiny-llama", policy, batch_file, output, work / "errors.jsonl",
         sglang_args=["--port", str(free_port()), "--max-total-tokens", KV_TOKENS], server_log=work / "server.log",
-        show_progress=False, while_running=online_chat(answers) if policy == "blendserve" else None)
-    texts = {}
-    for record in iter_jsonl(work / "out.jsonl"):
-        assert record["custom_id"] not in texts, f"{record['custom_id']} answered twice"
-        texts[record["custom_id"]] = record["response"]["body"]["choices"][0]["text"]
-    return PolicyRun(texts, totals, plugin, answers)
+        show_progress=False, while_running=online_chat(run, output) if policy == "blendserve" else None)
+    run.last_offline_at = output.stat().st_mtime
+    for record in iter_jsonl(output):
+        assert record["custom_id"] not in run.texts, f"{record['custom_id']} answered twice"
+        run.texts[record["custom_id"]] = record["response"]["body"]["choices"][0]["text"]
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +102,7 @@ def test_every_request_answered_once_with_fcfs_text(runs: dict[str, PolicyRun]) 
     for policy, run in runs.items():
         assert set(run.texts) == expected, policy
         assert run.totals.failed == 0, policy
+        assert run.plugin["offline"]["policy"] == policy
     mismatched = [cid for cid, text in runs["blendserve"].texts.items() if text != runs["fcfs"].texts[cid]]
     assert not mismatched, f"{len(mismatched)} texts differ from the fcfs run, e.g. {mismatched[:3]}"
 
@@ -98,6 +122,11 @@ def test_blendserve_on_this_cpu_scans_one_side_unpaced(runs: dict[str, PolicyRun
 
 
 def test_online_requests_complete_during_the_job(runs: dict[str, PolicyRun]) -> None:
-    answers = runs["blendserve"].online_answers
-    assert len(answers) >= 2 and all(answers)
-    assert runs["fcfs"].plugin["offline"]["policy"] == "fcfs"
+    """Each online request, sent after the job's first offline result, is answered before its last
+    one: online traffic is served while the job runs, not queued behind it."""
+    run = runs["blendserve"]
+    assert len(run.online) == ONLINE_REQUESTS and all(answer.text for answer in run.online)
+    assert run.first_offline_at is not None and run.last_offline_at is not None
+    for answer in run.online:
+        assert run.first_offline_at <= answer.sent_at < answer.answered_at < run.last_offline_at, \
+            (answer, run.first_offline_at, run.last_offline_at)

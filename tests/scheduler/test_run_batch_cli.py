@@ -7,11 +7,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from sgl_blend.workloads.batch_files import sharegpt_lines, write_jsonl
 from tests.conftest import free_port
+from tests.waiting import wait_for
 
 
 def command(batch: Path, output: Path, max_inflight: int = 1024) -> list[str]:
@@ -36,9 +36,8 @@ def test_interrupted_job_resumes_without_duplicates(tmp_path: Path) -> None:
     # A few lines in flight at a time, so the job is still far from done when the 20th result
     # lands: with all 200 in one batch they finish together and the interrupt could come too late.
     first = subprocess.Popen(command(batch, output, max_inflight=8), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    while first.poll() is None and time.monotonic() < deadline and (not output.exists() or len(custom_ids(output)) < 20):
-        time.sleep(0.2)
+    wait_for(lambda: first.poll() is not None or (output.exists() and len(custom_ids(output)) >= 20),
+             "the job's 20th result (or its end)")
     assert first.poll() is None, f"the job ended before it could be interrupted: {first.communicate()[1][-2000:]}"
     first.send_signal(signal.SIGINT)
     _out, err = first.communicate(timeout=120)
