@@ -77,11 +77,10 @@ def run(args: argparse.Namespace) -> int:
     from sgl_blend.launch.supervisor import ServerStartError, serve_forever, start_server
 
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
+    from sgl_blend.sglang_plugin.settings import PluginSettings
 
     policy = lookup(args.offline_policy, SERVE)
-    settings = PluginSettings(offline_policy=policy.name if policy.in_plugin else OFF,
-                              hardware=args.hardware or None)
+    settings = PluginSettings(offline_policy=policy.name, hardware=args.hardware or None)
     batch_api = batch_api_config(args)
     defaults = (("--schedule-policy", policy.sglang_schedule),) if not policy.in_plugin and policy.sglang_schedule else ()
     # A batch's usage reports cached prompt tokens only when SGLang reports them per request.

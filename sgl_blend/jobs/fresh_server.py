@@ -13,7 +13,7 @@ from sgl_blend.client import http
 from sgl_blend.core.policy_registry import RUN_BATCH, lookup
 from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.jobs.run_batch import JobTotals, finished_keys, read_lines, run_job
-from sgl_blend.sglang_plugin.settings import OFF, PluginSettings, configured_hardware
+from sgl_blend.sglang_plugin.settings import PluginSettings, configured_hardware
 
 if TYPE_CHECKING:
     from sgl_blend.core.cost_model import HardwareSpec
@@ -39,15 +39,13 @@ def policy_launch(policy: str, hardware: str | None = None) -> tuple[list[str], 
     """SGLang flags and plugin settings for a policy: ours through the pool, or SGLang's own."""
     entry = lookup(policy, RUN_BATCH)
     settings = PluginSettings(offline_policy=policy, hardware=hardware or None)
-    if not entry.in_plugin:
-        return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule], settings.updated(offline_policy=OFF)
+    flags = [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule]
     if policy == "blendserve" and settings.device().blending_pays:
         # BlendServe's tree annotations live in the radix cache: evict the prefixes that no pending
         # line will reuse first, since two scan sides keep two prefix families warm at once. With
         # one cursor (no blending on this device) SGLang's own radix cache and LRU serve DFS best.
-        return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule, "--radix-cache-backend", "sgl-blend",
-                "--radix-eviction-policy", "priority"], settings
-    return [*ENGINE_FLAGS, "--schedule-policy", entry.sglang_schedule], settings
+        flags += ["--radix-cache-backend", "sgl-blend", "--radix-eviction-policy", "priority"]
+    return flags, settings
 
 
 def run_on_fresh_server(

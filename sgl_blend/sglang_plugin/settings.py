@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import HardwareSpec
+from sgl_blend.core.policy_registry import REGISTRY, SERVE, lookup
 from sgl_blend.launch.cpu_compat import cuda_present
 
 SETTINGS_ENV = "SGLBLEND_SETTINGS"
@@ -48,8 +49,12 @@ class PluginSettings:
     iteration_log: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.offline_policy, str) or not self.offline_policy:
+        if not isinstance(self.offline_policy, str):
             raise SettingsError(f"offline_policy must be a policy name, got {self.offline_policy!r}")
+        try:
+            lookup(self.offline_policy, SERVE)
+        except ValueError as error:
+            raise SettingsError(f"offline_policy: {error}") from None
         for name in ("hardware", "iteration_log"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, str) and value):
@@ -65,7 +70,8 @@ class PluginSettings:
 
     @property
     def pool_enabled(self) -> bool:
-        return self.offline_policy != OFF
+        """Whether the plugin's pool orders offline work; for SGLang's own orders it stays out."""
+        return REGISTRY[self.offline_policy].in_plugin
 
     def device(self, tp_size: int = 1) -> HardwareSpec:
         """The cost model's device as one scheduler of a ``tp_size``-wide TP group sees it."""
