@@ -13,6 +13,10 @@ with an `IterationPlan`:
    (`offline_chunk`), each the longest that fits the residual time, the chunk room and the
    offline memory, and only if the decode iteration that follows also stays within the budget.
 
+Memory is HyGen's offline budget (Alg. 2, `ColocationController.offline_memory`): online demand
+is met first, offline work that no longer fits beside it is preempted newest first
+(`IterationPlan.preempt`), and offline admission gets what is left.
+
 The budget is HyGen's fixed per-iteration latency budget ``L`` (found by the SLO profiler), or
 Echo's deadline: the tightest ``TTFT + i·TPOT - waited`` over the online requests, or an idle cap
 when none is present. Echo's online reserve (μ + kσ of recent online KV demand) caps how much KV
@@ -270,6 +274,7 @@ class IterationBudget:
 class IterationPlan:
     budget: IterationBudget
     park: list[str] = field(default_factory=list)
+    preempt: list[str] = field(default_factory=list)
     online_reserve: int = 0
     calibration: float = 1.0
 
@@ -280,6 +285,7 @@ class IterationPlan:
             "predicted_s": round(predicted, 6) if predicted is not None else None,
             "model_s": round(raw, 6) if raw is not None else None,
             "parked": len(self.park),
+            "preempted": len(self.preempt),
             "online_reserve": self.online_reserve,
             "calibration": round(self.calibration, 4),
         }
@@ -328,15 +334,28 @@ class ColocationController:
                                    config.tpot_slo_s, config.idle_budget_s)
         return config.latency_budget_s
 
-    def begin(self, view: IterationView) -> IterationPlan:
+    def offline_memory(self, view: IterationView) -> tuple[int, int, int]:
+        """The KV offline work may still take this iteration, the online reserve behind it, and
+        the deficit online demand leaves (tokens offline work must give back now).
+
+        HyGen's Alg. 2: online demand is met first from free memory plus what offline work holds
+        (``m = free + M_off``); if that leaves less than ``M_off``, offline work is preempted until
+        it fits, and offline admission gets ``m - M_off``. Echo keeps an extra reserve for online
+        bursts (μ + kσ of recent online demand) out of offline reach; it caps admission but never
+        preempts on its own. Offline KV counts what it holds now plus what its decodes may still add.
+        """
         online_kv = sum(r.context + r.reserved for r in view.running if r.online)
         online_kv += sum(w.prompt_tokens + w.max_new_tokens for w in view.waiting_online)
         offline_kv = sum(r.context + r.reserved for r in view.running if not r.online)
-        offline_memory, reserve = None, 0
+        reserve = 0
         if self.config.online_reserve:
             self.demand.observe(view.now, online_kv)
             reserve = self.demand.reserve()
-            offline_memory = view.kv_capacity - max(reserve, online_kv) - offline_kv
+        deficit = max(online_kv + offline_kv - view.kv_capacity, 0)
+        return view.kv_capacity - max(reserve, online_kv) - offline_kv, reserve, deficit
+
+    def begin(self, view: IterationView) -> IterationPlan:
+        offline_memory, reserve, deficit = self.offline_memory(view)
         latency_s = self.latency_budget(view)
         model = ScaledModel(self.model, self.calibration) if self.model is not None else None
         budget = IterationBudget(model, latency_s, view.chunk_tokens, offline_memory, self.config.min_offline_chunk)
@@ -347,6 +366,11 @@ class ColocationController:
             budget.add_online_prefill(request.prompt_tokens)
         plan = IterationPlan(budget, online_reserve=reserve, calibration=self.calibration)
         offline = [request for request in view.running if not request.online]
+        while deficit > 0 and offline:
+            preempted = offline.pop()
+            plan.preempt.append(preempted.rid)
+            deficit -= preempted.context + preempted.reserved
+            budget.offline_memory += preempted.context + preempted.reserved
         for position, request in enumerate(offline):
             if not budget.try_offline_decode(request.context):
                 plan.park = [parked.rid for parked in offline[position:]]

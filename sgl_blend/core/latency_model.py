@@ -31,6 +31,8 @@ class BatchShape:
 
     ``prefill_attention`` is ``Σ extend · (prefix + extend)`` over prefill requests: the attention
     work of a prefill chunk that sits on a cached prefix, which only the BROS form uses.
+    ``prefill_chunks`` keeps each prefill request's ``(extend, prefix)``: Echo's estimator costs
+    prefills one request at a time (its floor ``c`` applies per request, not per batch).
     """
 
     prefill_tokens: int = 0
@@ -39,29 +41,42 @@ class BatchShape:
     decode_reqs: int = 0
     decode_context: int = 0
     decode_max_context: int = 0
+    prefill_chunks: tuple[tuple[int, int], ...] = ()
 
     def with_prefill(self, extend: int, prefix: int = 0) -> BatchShape:
         if extend <= 0:
             return self
         return BatchShape(self.prefill_tokens + extend, self.prefill_reqs + 1,
                           self.prefill_attention + extend * (prefix + extend), self.decode_reqs,
-                          self.decode_context, self.decode_max_context)
+                          self.decode_context, self.decode_max_context, (*self.prefill_chunks, (extend, prefix)))
 
     def with_decode(self, context: int) -> BatchShape:
         # Direct construction: a scheduler grows one shape per request every iteration, and
         # `dataclasses.replace` costs several times as much.
         return BatchShape(self.prefill_tokens, self.prefill_reqs, self.prefill_attention, self.decode_reqs + 1,
-                          self.decode_context + context, max(self.decode_max_context, context))
+                          self.decode_context + context, max(self.decode_max_context, context), self.prefill_chunks)
 
     def is_empty(self) -> bool:
         return self.prefill_reqs == 0 and self.decode_reqs == 0
 
-    def to_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+    def to_dict(self) -> dict[str, Any]:
+        return {**{name: getattr(self, name) for name in COUNT_FIELDS},
+                "prefill_chunks": [list(chunk) for chunk in self.prefill_chunks]}
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> BatchShape:
-        return cls(**{name: int(record.get(name, 0)) for name in cls.__slots__})
+        """A record without per-request chunks (an older profile) is read as one chunk per
+        request of the average length, which keeps the aggregate fields exact."""
+        counts = {name: int(record.get(name, 0)) for name in COUNT_FIELDS}
+        chunks = record.get("prefill_chunks")
+        if chunks is None and counts["prefill_reqs"]:
+            share = counts["prefill_tokens"] // counts["prefill_reqs"]
+            chunks = [[share, 0]] * counts["prefill_reqs"]
+        return cls(**counts, prefill_chunks=tuple((int(extend), int(prefix)) for extend, prefix in chunks or ()))
+
+
+COUNT_FIELDS = ("prefill_tokens", "prefill_reqs", "prefill_attention", "decode_reqs", "decode_context",
+                "decode_max_context")
 
 
 class LatencyModel(Protocol):

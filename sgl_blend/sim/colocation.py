@@ -255,6 +255,10 @@ class _ColocatedRun:
             raise RuntimeError("KV capacity cannot hold the online requests' next tokens")
         decoding = [a for a in self.running if not a.prefill_left]
         plan = self.controller.begin(self._view(decoding))
+        preempted = set(plan.preempt)
+        for active in [a for a in decoding if a.rid in preempted]:
+            self._retract(active)
+        decoding = [a for a in decoding if a.rid not in preempted]
         parked = set(plan.park)
         self.counts["parked"] += len(parked)
         decoding = [a for a in decoding if a.rid not in parked]

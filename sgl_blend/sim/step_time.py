@@ -70,7 +70,7 @@ def profile_shapes(count: int, seed: int = 0, max_prefill: int = 2048, max_decod
             decodes = int(rng.integers(1, max_decodes + 1))
             contexts = rng.integers(16, max_context, decodes)
             shape = BatchShape(shape.prefill_tokens, shape.prefill_reqs, shape.prefill_attention, decodes,
-                               int(contexts.sum()), int(contexts.max()))
+                               int(contexts.sum()), int(contexts.max()), shape.prefill_chunks)
         shapes.append(shape)
     return shapes
 

@@ -62,9 +62,21 @@ def test_offline_chunk_fills_the_residual_budget_and_respects_the_decode_iterati
 
 
 def test_no_budget_means_memory_and_chunk_room_only() -> None:
-    budget = ColocationController(ColocationConfig(mode="hygen")).begin(
-        IterationView(now=0.0, running=[offline("a", 10_000)], waiting_online=[], kv_capacity=10, chunk_tokens=64)).budget
+    budget = ColocationController(ColocationConfig(mode="hygen")).begin(IterationView(
+        now=0.0, running=[offline("a", 10_000)], waiting_online=[], kv_capacity=100_000, chunk_tokens=64)).budget
     assert budget.offline_chunk(extend=1000, prefix=0, max_new_tokens=8) == 63
+
+
+def test_hygen_offline_memory_preempts_what_online_demand_needs_and_admits_the_rest() -> None:
+    """HyGen Alg. 2: online takes free memory plus what offline holds; offline work beyond that
+    is preempted newest first, and offline admission gets what is left."""
+    plan = ColocationController(ColocationConfig(mode="hygen")).begin(IterationView(
+        now=0.0, running=[RunningRequest("on", True, 300, reserved=100), offline("a", 200), offline("b", 200)],
+        waiting_online=[WaitingOnline("new", 200, 50, 0.0)], kv_capacity=1000, chunk_tokens=4096))
+    # online 400 + 250, offline 2 x 210: 70 tokens short, so "b" (the newest) goes.
+    assert plan.preempt == ["b"] and plan.park == []
+    assert plan.budget.offline_memory == 1000 - 650 - 210
+    assert plan.budget.offline_chunk(extend=1000, prefix=0, max_new_tokens=40) == 100
 
 
 def test_echo_budget_is_the_tightest_deadline_with_slack_carried_forward() -> None:

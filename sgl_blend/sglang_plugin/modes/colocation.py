@@ -48,6 +48,9 @@ class ColocationMode(Mode):
     def _plan(self, scheduler: Any, batch: Any) -> IterationPlan:
         state = self.state
         plan = state.controller.begin(iteration_view(scheduler, batch))
+        preempted = set(plan.preempt)
+        park_running(state, scheduler, batch, [req for req in batch.reqs if req.rid in preempted],
+                     "preempted_for_memory")
         parked = set(plan.park)
         park_running(state, scheduler, batch, [req for req in batch.reqs if req.rid in parked], "parked_for_budget")
         state.plan = plan
