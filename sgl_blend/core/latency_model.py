@@ -4,8 +4,9 @@ Three model forms, fitted on the same per-iteration records so they can be compa
 
 - ``hygen`` (HyGen §4.2): a linear regression on ``(S_p, S_d, S_p², S_d², N_p, N_d)`` plus an
   intercept -- prefill tokens, decode context tokens, their squares, and request counts.
-- ``echo`` (Echo §5.2): ``prefill = max(α l² + β l, c)`` with ``l = S_p``, ``decode = γ max(L) +
-  δ mean(L)`` over decode contexts ``L``, and a mixed batch ``λ max(P, D) + (1-λ) min(P, D)``.
+- ``echo`` (Echo §5.2): each prefill request costs ``max(α l² + β l, c)``, summed over the
+  batch's prefill requests; decode ``γ max(L) + δ mean(L)`` over decode contexts ``L``; a mixed
+  batch ``λ max(P, D) + (1-λ) min(P, D)``. `EchoLatencyModel` says which terms a CPU adds and why.
 - ``bros`` (BROS §4): per phase ``a0 L_n + a1 L_n L_a + b`` (new tokens, new tokens times attended
   context), prefill and decode summed. For decode, ``L_n L_a`` summed over requests is ``S_d``.
 
@@ -15,6 +16,7 @@ Everything here is plain numpy so the SGLang plugin and the simulator call the s
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -122,7 +124,42 @@ class LinearLatencyModel:
 
 @dataclass(frozen=True)
 class EchoLatencyModel:
-    """Echo's form; ``floor`` is the constant ``c``, ``mix`` is ``λ``."""
+    """Echo's estimator (§5.2), costed per request, with the terms SGLang on a CPU needs.
+
+    The paper's form: each prefill request costs ``max(α l² + β l, c)`` ("it is common practice to
+    process prefill requests one by one"), summed over the batch's prefill requests; a decode
+    batch ``γ max(L) + δ mean(L)``; a mixed batch ``λ max(P, D) + (1-λ) min(P, D)``. Here ``l`` is
+    the request's new tokens and ``l²`` its attention work, with a coefficient for each way a
+    kernel does that work: ``alpha`` per ``(prefix + extend)²`` and ``alpha_chunk`` per ``extend ·
+    (prefix + extend)``; both are ``l²`` without a cached prefix.
+
+    The extensions, each measured with `sgl-blend profile --latency` on tiny-llama, SGLang 0.5.23's
+    ``torch_native`` attention backend, 2 CPU cores (records in ``bench/results/``):
+
+    - ``alpha`` on the whole square: that backend runs attention request by request and computes
+      the full causal square of a request with a cached prefix (it pads the query to
+      ``prefix + extend`` rows). A 32-token chunk on a 1024-token prefix took 13.5-16 ms against
+      4.5 ms without the prefix; ``extend · (prefix + extend)`` would make it nearly free.
+    - ``prefill_base``, once per prefill batch: three 16-token prefills in one batch took 3.3 ms,
+      one alone 3.8-6 ms, so the fixed cost belongs to the forward, not to each request (the
+      fitted per-request floor ``c`` comes out near zero on this CPU).
+    - ``decode_base + decode_per_request · N + decode_per_token · ΣL`` on the decode side: the
+      backend loops over the decoding requests one at a time, so a decode batch costs per request
+      and per context token rather than as a pooling over lengths. The paper's two terms alone
+      scored 25-32% held-out MAPE on decode-only batches (1-32 requests, 64-1100 tokens each); a
+      decode costs ~0.12-0.15 ms per request and ~0.3-0.5 µs per context token there, on top of
+      ~1.9 ms per forward.
+    - ``decode_as_prefill``: in a mixed batch that share of each decode counts in ``P`` as a
+      one-token prefill over its context (without the floor; the fit picks the share on the mixed
+      batches, in tenths). SGLang runs a mixed batch as one extend, so on that backend each
+      decode pays the square of its context. Sixteen decodes of ~513 tokens next to a
+      31-token prefill took 91 ms where the same decodes alone took 8 ms. With this term the
+      prefill-only fit predicted mixed batches at 12-18% MAPE, against 21-35% for ``P`` over the
+      prefill requests alone; ``λ`` still weighs ``P`` against ``D``.
+
+    Every coefficient is non-negative, so a prediction grows with the batch (`max_prefill`
+    bisects on that), and the paper's form is the one with the extensions at zero.
+    """
 
     alpha: float
     beta: float
@@ -130,36 +167,86 @@ class EchoLatencyModel:
     gamma: float
     delta: float
     mix: float
+    alpha_chunk: float = 0.0
+    prefill_base: float = 0.0
+    decode_base: float = 0.0
+    decode_per_request: float = 0.0
+    decode_per_token: float = 0.0
+    decode_as_prefill: float = 0.0
     form: str = "echo"
 
-    def prefill_time(self, tokens: int) -> float:
-        return max(self.alpha * tokens * tokens + self.beta * tokens, self.floor) if tokens > 0 else 0.0
+    def request_work(self, extend: float, span: float) -> float:
+        """``α l² + β l`` of one request of ``extend`` new tokens in a ``span``-token sequence."""
+        return (self.alpha * span + self.alpha_chunk * extend) * span + self.beta * extend
+
+    def prefill_time(self, shape: BatchShape) -> float:
+        """The prefill requests' part ``P``, each request floored at ``c``. A shape built from
+        sums (no ``prefill_chunks``) is read as equal requests with its totals."""
+        if not shape.prefill_reqs:
+            return 0.0
+        if shape.prefill_chunks:
+            total = sum(max(self.request_work(extend, extend + prefix), self.floor)
+                        for extend, prefix in shape.prefill_chunks)
+        else:
+            extend, span = _equal_share(shape)
+            total = shape.prefill_reqs * max(self.request_work(extend, span), self.floor)
+        return self.prefill_base + total
 
     def decode_time(self, shape: BatchShape) -> float:
-        if shape.decode_reqs == 0:
+        if not shape.decode_reqs:
             return 0.0
-        return self.gamma * shape.decode_max_context + self.delta * shape.decode_context / shape.decode_reqs
+        mean = shape.decode_context / shape.decode_reqs
+        return (self.decode_base + self.decode_per_request * shape.decode_reqs
+                + self.decode_per_token * shape.decode_context + self.gamma * shape.decode_max_context
+                + self.delta * mean)
+
+    def mixed_prefill_time(self, shape: BatchShape) -> float:
+        """``P`` of a mixed batch: its prefills plus ``decode_as_prefill`` of each decode costed as
+        a one-token prefill over its context (contexts taken as equal: the shape keeps their sum)."""
+        if not self.decode_as_prefill:
+            return self.prefill_time(shape)
+        one_token = self.request_work(1.0, shape.decode_context / shape.decode_reqs)
+        return self.prefill_time(shape) + self.decode_as_prefill * shape.decode_reqs * one_token
 
     def predict(self, shape: BatchShape) -> float:
-        prefill, decode = self.prefill_time(shape.prefill_tokens), self.decode_time(shape)
-        if not prefill or not decode:
-            return prefill + decode
+        if not shape.decode_reqs:
+            return self.prefill_time(shape)
+        decode = self.decode_time(shape)
+        if not shape.prefill_reqs:
+            return decode
+        prefill = self.mixed_prefill_time(shape)
         return self.mix * max(prefill, decode) + (1.0 - self.mix) * min(prefill, decode)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"form": "echo", "coefficients": {"alpha": self.alpha, "beta": self.beta, "c": self.floor,
-                                                  "gamma": self.gamma, "delta": self.delta, "lambda": self.mix}}
+        return {"form": "echo", "coefficients": {name: getattr(self, attribute)
+                                                  for name, attribute in ECHO_COEFFICIENTS.items()}}
+
+
+ECHO_COEFFICIENTS = {"alpha": "alpha", "beta": "beta", "c": "floor", "gamma": "gamma", "delta": "delta",
+                     "lambda": "mix", "alpha_chunk": "alpha_chunk", "prefill_base": "prefill_base",
+                     "decode_base": "decode_base", "decode_per_request": "decode_per_request",
+                     "decode_per_token": "decode_per_token", "decode_as_prefill": "decode_as_prefill"}
+ECHO_PAPER_COEFFICIENTS = ("alpha", "beta", "c", "gamma", "delta", "lambda")
+
+
+def _equal_share(shape: BatchShape) -> tuple[float, float]:
+    """``(extend, span)`` of one of ``prefill_reqs`` equal requests with the shape's totals:
+    ``prefill_attention = Σ extend · span`` gives the span."""
+    extend = shape.prefill_tokens / shape.prefill_reqs
+    span = shape.prefill_attention / shape.prefill_tokens if shape.prefill_tokens else 0.0
+    return extend, span
 
 
 def model_from_dict(data: dict[str, Any]) -> LatencyModel:
-    """The inverse of ``to_dict``; raises ValueError on an unknown form or missing coefficient."""
+    """The inverse of ``to_dict``; raises ValueError on an unknown form or missing coefficient.
+    Echo's extensions default to zero, so a model with the paper's coefficients only loads."""
     form = data.get("form")
     coefficients = data.get("coefficients") or {}
     try:
         if form == "echo":
-            return EchoLatencyModel(alpha=float(coefficients["alpha"]), beta=float(coefficients["beta"]),
-                                    floor=float(coefficients["c"]), gamma=float(coefficients["gamma"]),
-                                    delta=float(coefficients["delta"]), mix=float(coefficients["lambda"]))
+            return EchoLatencyModel(**{attribute: float(coefficients[name] if name in ECHO_PAPER_COEFFICIENTS
+                                                        else coefficients.get(name, 0.0))
+                                       for name, attribute in ECHO_COEFFICIENTS.items()})
         if form in LINEAR_FEATURES:
             return LinearLatencyModel(form, tuple(float(coefficients[name]) for name in LINEAR_FEATURES[form][0]))
     except KeyError as missing:
@@ -167,17 +254,31 @@ def model_from_dict(data: dict[str, Any]) -> LatencyModel:
     raise ValueError(f"unknown latency model form {form!r}; known: {', '.join(FORMS)}")
 
 
-def _least_squares(rows: list[list[float]], times: Sequence[float]) -> np.ndarray:
+def _least_squares(rows: list[list[float]], times: Sequence[float], nonnegative: bool = False) -> np.ndarray:
     """Least squares on relative error (each row divided by its time), since batches span
     milliseconds to seconds and the score is a percentage error; columns are scaled because
-    S_p² and a constant column differ by ~10⁷."""
+    S_p² and a constant column differ by ~10⁷. ``nonnegative`` solves it exactly over every
+    subset of columns (the forms that ask have at most five): a cost term cannot be negative."""
     target = np.asarray(times, dtype=float)
     weight = 1.0 / np.maximum(target, 1e-9)
     matrix = np.asarray(rows, dtype=float) * weight[:, None]
     scale = np.abs(matrix).max(axis=0)
     scale[scale == 0] = 1.0
-    solution, *_ = np.linalg.lstsq(matrix / scale, target * weight, rcond=None)
-    return solution / scale
+    matrix, target = matrix / scale, target * weight
+    if not nonnegative:
+        solution, *_ = np.linalg.lstsq(matrix, target, rcond=None)
+        return solution / scale
+    best, best_error = np.zeros(matrix.shape[1]), float(np.dot(target, target))
+    for size in range(1, matrix.shape[1] + 1):
+        for columns in itertools.combinations(range(matrix.shape[1]), size):
+            partial, *_ = np.linalg.lstsq(matrix[:, columns], target, rcond=None)
+            if np.any(partial < 0):
+                continue
+            residual = target - matrix[:, columns] @ partial
+            if (error := float(np.dot(residual, residual))) < best_error:
+                best, best_error = np.zeros(matrix.shape[1]), error
+                best[list(columns)] = partial
+    return best / scale
 
 
 def fit_linear(form: str, shapes: Sequence[BatchShape], times: Sequence[float]) -> LinearLatencyModel:
@@ -185,49 +286,95 @@ def fit_linear(form: str, shapes: Sequence[BatchShape], times: Sequence[float]) 
     return LinearLatencyModel(form, tuple(float(x) for x in _least_squares([features(s) for s in shapes], times)))
 
 
+MIXED_DECODE_SHARES = np.linspace(0.0, 1.0, 11)
+
+
 def fit_echo(shapes: Sequence[BatchShape], times: Sequence[float]) -> EchoLatencyModel:
-    """Fit each of Echo's parts on the batches that isolate it: prefill-only batches give α, β
-    and c, decode-only batches γ and δ, mixed batches λ (closed form, clipped to [0, 1])."""
+    """Fit each of Echo's parts on the batches that isolate it, as the paper's micro-benchmarks
+    do: prefill-only batches give the per-request curve and its floor, decode-only batches the
+    decode part, mixed batches ``decode_as_prefill`` and λ."""
     prefill = [(s, t) for s, t in zip(shapes, times) if s.prefill_reqs and not s.decode_reqs]
     decode = [(s, t) for s, t in zip(shapes, times) if s.decode_reqs and not s.prefill_reqs]
     mixed = [(s, t) for s, t in zip(shapes, times) if s.decode_reqs and s.prefill_reqs]
     if len(prefill) < 3 or len(decode) < 2:
         raise ValueError("Echo's form needs at least 3 prefill-only and 2 decode-only batches")
-    alpha, beta, floor = _fit_prefill_floor(prefill)
-    gamma, delta = _least_squares([[s.decode_max_context, s.decode_context / s.decode_reqs] for s, _ in decode],
-                                  [t for _, t in decode])
-    model = EchoLatencyModel(alpha, beta, floor, float(gamma), float(delta), 1.0)
+    base, per_request, per_token, gamma, delta = _least_squares(
+        [_echo_decode_row(s) for s, _ in decode], [t for _, t in decode], nonnegative=True)
+    model = replace(_fit_prefill_requests(prefill), decode_base=float(base), decode_per_request=float(per_request),
+                    decode_per_token=float(per_token), gamma=float(gamma), delta=float(delta))
     if not mixed:
         return model
-    high, low, observed = [], [], []
-    for shape, time in mixed:
-        parts = (model.prefill_time(shape.prefill_tokens), model.decode_time(shape))
-        high.append(max(parts))
-        low.append(min(parts))
-        observed.append(time)
-    spread = np.asarray(high) - np.asarray(low)
+    fits = [_fit_mix(replace(model, decode_as_prefill=float(share)), mixed) for share in MIXED_DECODE_SHARES]
+    return min(fits, key=lambda fitted: _squared_relative_error(fitted.predict, mixed))
+
+
+def _fit_mix(model: EchoLatencyModel, mixed: list[tuple[BatchShape, float]]) -> EchoLatencyModel:
+    """λ in closed form (least relative squares), clipped to the paper's [0, 1]."""
+    parts = np.asarray([(model.mixed_prefill_time(shape), model.decode_time(shape)) for shape, _ in mixed])
+    high, low = parts.max(axis=1), parts.min(axis=1)
+    weight = 1.0 / np.asarray([time for _, time in mixed])
+    spread = (high - low) * weight
+    above_low = (np.asarray([time for _, time in mixed]) - low) * weight
     denominator = float(np.dot(spread, spread))
-    mix = float(np.dot(np.asarray(observed) - np.asarray(low), spread) / denominator) if denominator else 1.0
+    mix = float(np.dot(above_low, spread) / denominator) if denominator else 1.0
     return replace(model, mix=min(max(mix, 0.0), 1.0))
 
 
-def _fit_prefill_floor(samples: list[tuple[BatchShape, float]]) -> tuple[float, float, float]:
-    """α, β and the floor c of ``max(α l² + β l, c)``: for each candidate floor (a quantile of the
-    observed times) fit the parabola on the batches above it and keep the least total error."""
-    tokens = np.asarray([s.prefill_tokens for s, _ in samples], dtype=float)
-    times = np.asarray([t for _, t in samples], dtype=float)
-    best: tuple[float, float, float, float] | None = None
-    for floor in np.unique(np.quantile(times, np.linspace(0.0, 0.5, 11))):
-        rising = times > floor
-        if rising.sum() < 2:
-            continue
-        alpha, beta = _least_squares([[l * l, l] for l in tokens[rising]], times[rising])
-        error = float(np.sum((np.maximum(alpha * tokens ** 2 + beta * tokens, floor) - times) ** 2))
-        if best is None or error < best[0]:
-            best = (error, float(alpha), float(beta), float(floor))
-    if best is None:
-        raise ValueError("prefill-only batches are all the same duration; cannot fit Echo's prefill curve")
-    return best[1], best[2], best[3]
+def _echo_decode_row(shape: BatchShape) -> list[float]:
+    return [1.0, float(shape.decode_reqs), float(shape.decode_context), float(shape.decode_max_context),
+            shape.decode_context / shape.decode_reqs]
+
+
+FLOOR_STARTS = 6
+FLOOR_ROUNDS = 20
+
+
+def _prefill_requests(shape: BatchShape) -> list[tuple[float, float]]:
+    """Each prefill request's ``(extend, span)``, read as `EchoLatencyModel.prefill_time` does."""
+    if shape.prefill_chunks:
+        return [(float(extend), float(extend + prefix)) for extend, prefix in shape.prefill_chunks]
+    return [_equal_share(shape)] * shape.prefill_reqs
+
+
+def _prefill_row(requests: list[tuple[float, float]], floored: list[bool]) -> list[float]:
+    rising = [request for request, low in zip(requests, floored) if not low]
+    return [sum(span * span for _, span in rising), sum(extend * span for extend, span in rising),
+            sum(extend for extend, _ in rising), float(len(requests) - len(rising)), 1.0]
+
+
+def _fit_prefill_requests(samples: list[tuple[BatchShape, float]]) -> EchoLatencyModel:
+    """The per-request curve ``max(α l² + β l, c)`` summed over a batch, plus ``prefill_base``.
+    Which requests sit on the floor depends on the curve, so the fit alternates: solve for the
+    coefficients with the floored requests fixed (then the batch time is linear in them), floor
+    each request whose curve falls below ``c``, repeat until nothing moves. It starts from
+    several guesses (nothing floored, or every request up to a quantile of the lengths) and keeps
+    the least relative error."""
+    requests = [_prefill_requests(shape) for shape, _ in samples]
+    times = np.asarray([time for _, time in samples], dtype=float)
+    extends = np.asarray([extend for batch in requests for extend, _ in batch])
+    starts = (-1.0, *np.unique(np.quantile(extends, np.linspace(0.0, 0.5, FLOOR_STARTS))))
+    fits = [_refloor_until_stable(requests, times, start) for start in starts]
+    return min(fits, key=lambda model: _squared_relative_error(model.prefill_time, samples))
+
+
+def _refloor_until_stable(requests: list[list[tuple[float, float]]], times: np.ndarray,
+                          start: float) -> EchoLatencyModel:
+    floored = [[extend <= start for extend, _ in batch] for batch in requests]
+    for _ in range(FLOOR_ROUNDS):
+        alpha, alpha_chunk, beta, floor, base = _least_squares(
+            [_prefill_row(batch, low) for batch, low in zip(requests, floored)], times, nonnegative=True)
+        model = EchoLatencyModel(float(alpha), float(beta), float(floor), 0.0, 0.0, 1.0,
+                                 alpha_chunk=float(alpha_chunk), prefill_base=float(base))
+        refloored = [[model.request_work(extend, span) < model.floor for extend, span in batch] for batch in requests]
+        if refloored == floored:
+            break
+        floored = refloored
+    return model
+
+
+def _squared_relative_error(predict: Callable[[BatchShape], float], samples: list[tuple[BatchShape, float]]) -> float:
+    relative = np.asarray([predict(shape) / time - 1.0 for shape, time in samples])
+    return float(np.dot(relative, relative))
 
 
 def fit(form: str, shapes: Sequence[BatchShape], times: Sequence[float]) -> LatencyModel:
@@ -238,10 +385,31 @@ def fit(form: str, shapes: Sequence[BatchShape], times: Sequence[float]) -> Late
     raise ValueError(f"unknown latency model form {form!r}; known: {', '.join(FORMS)}")
 
 
+BATCH_KINDS = ("prefill", "decode", "mixed")
+
+
+def batch_kind(shape: BatchShape) -> str:
+    """Which of Echo's three cases a batch is; each is scored apart because decode-only batches
+    are most of a profile and would hide a form that mispredicts the other two."""
+    if shape.prefill_reqs and shape.decode_reqs:
+        return "mixed"
+    return "prefill" if shape.prefill_reqs else "decode"
+
+
 def mape(model: LatencyModel, shapes: Sequence[BatchShape], times: Sequence[float]) -> float:
     """Mean absolute percentage error, as a fraction (0.05 is 5%)."""
     errors = [abs(model.predict(s) - t) / t for s, t in zip(shapes, times) if t > 0]
     return float(np.mean(errors)) if errors else float("nan")
+
+
+def mape_by_kind(model: LatencyModel, shapes: Sequence[BatchShape], times: Sequence[float]) -> dict[str, float]:
+    """`mape` of each `batch_kind` present."""
+    scores = {}
+    for kind in BATCH_KINDS:
+        chosen = [index for index, shape in enumerate(shapes) if batch_kind(shape) == kind]
+        if chosen:
+            scores[kind] = mape(model, [shapes[i] for i in chosen], [times[i] for i in chosen])
+    return scores
 
 
 @dataclass
@@ -254,6 +422,7 @@ class FitReport:
     train_batches: int
     holdout_batches: int
     errors: dict[str, str] = field(default_factory=dict)
+    holdout_mape_by_kind: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def best_form(self) -> str:
         return min(self.holdout_mape, key=lambda form: self.holdout_mape[form])
@@ -264,7 +433,9 @@ class FitReport:
             "holdout_batches": self.holdout_batches,
             "best": self.best_form() if self.holdout_mape else None,
             "forms": {form: {**model.to_dict(), "train_mape": self.train_mape[form],
-                             "holdout_mape": self.holdout_mape[form]} for form, model in self.models.items()},
+                             "holdout_mape": self.holdout_mape[form],
+                             "holdout_mape_by_kind": self.holdout_mape_by_kind.get(form, {})}
+                      for form, model in self.models.items()},
             "errors": self.errors,
         }
 
@@ -289,6 +460,7 @@ def fit_forms(shapes: Sequence[BatchShape], times: Sequence[float], holdout_frac
         report.models[form] = model
         report.train_mape[form] = mape(model, train_shapes, train_times)
         report.holdout_mape[form] = mape(model, held_shapes, held_times)
+        report.holdout_mape_by_kind[form] = mape_by_kind(model, held_shapes, held_times)
     return report
 
 

@@ -1,13 +1,15 @@
 """`sgl-blend profile --latency`: time a grid of batch compositions on the live engine and fit
 the latency models on what the scheduler recorded.
 
-Each grid point runs ``decoders`` requests with a ``decode_context``-token prompt that decode for
-a while, and ``prefills`` requests of ``prefill_len`` new tokens (after a ``prefix``-token
-cached prefix) sent once the decoders are decoding. Prompts are random token ids, so nothing is
-shared by accident. Points with no decoders give prefill-only batches, points with no prefills
-decode-only batches, the rest mixed ones -- what each model form needs. The fit uses the
-scheduler's own per-iteration record (`sglang_plugin.iteration_log`), so the model predicts
-exactly what the co-location scheduler later asks about: a batch's forward time.
+Each grid point runs ``decoders`` requests with a ``decode_context``-token prompt (or prompts
+spread evenly over ``context_spread`` more tokens) that decode for a while, and ``prefills``
+requests of ``prefill_len`` new tokens (after a ``prefix``-token cached prefix) sent once the
+decoders are decoding. Prompts are random token ids, so nothing is shared by accident. Points
+with no decoders give prefill-only batches, points with no prefills decode-only batches, the rest
+mixed ones -- what each model form needs; the spread points are the only batches whose longest
+context is far from their mean, which is what tells Echo's ``γ max(L)`` from ``δ mean(L)``. The
+fit uses the scheduler's own per-iteration record (`sglang_plugin.iteration_log`), so the model
+predicts exactly what the co-location scheduler later asks about: a batch's forward time.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Iterator, Sequence
 
 import httpx
 
-from sgl_blend.core.latency_model import BatchShape, FitReport, fit_forms
+from sgl_blend.core.latency_model import BATCH_KINDS, BatchShape, FitReport, fit_forms
 from sgl_blend.measure.online_replay import fresh_connections
 
 DECODE_STEPS = 48
@@ -38,6 +40,11 @@ class GridPoint:
     prefills: int
     prefill_len: int
     prefix: int = 0
+    context_spread: int = 0
+
+    def decoder_contexts(self) -> list[int]:
+        steps = max(self.decoders - 1, 1)
+        return [self.decode_context + self.context_spread * index // steps for index in range(self.decoders)]
 
 
 def latency_grid(quick: bool = False) -> list[GridPoint]:
@@ -53,6 +60,8 @@ def latency_grid(quick: bool = False) -> list[GridPoint]:
     points += [GridPoint(0, 0, count, length, prefix) for count, length, prefix in
                itertools.product((1, 4), (32, 256), (512,) if quick else (256, 1024))]
     points += [GridPoint(count, context, 0, 0) for count, context in itertools.product(decoder_counts, contexts)]
+    spread_decoders = ((8, 64, 960),) if quick else ((4, 64, 1984), (16, 64, 960), (32, 64, 448))
+    points += [GridPoint(count, context, 0, 0, context_spread=spread) for count, context, spread in spread_decoders]
     mixed_decoders = ((4, 256), (16, 512), (32, 64)) if quick else ((4, 256), (8, 1024), (16, 512), (32, 64))
     mixed_prefills = ((1, 64), (1, 512), (4, 256)) if quick else ((1, 32), (1, 256), (1, 1024), (4, 256))
     points += [GridPoint(count, context, prefills, length)
@@ -83,8 +92,8 @@ async def _run_point(client: httpx.AsyncClient, point: GridPoint, prompts: _Prom
     prefix = prompts.tokens(point.prefix) if point.prefix else []
     if prefix:
         await _generate(client, prefix, 1)
-    decoders = [asyncio.create_task(_generate(client, prompts.tokens(point.decode_context), DECODE_STEPS))
-                for _ in range(point.decoders)]
+    decoders = [asyncio.create_task(_generate(client, prompts.tokens(context), DECODE_STEPS))
+                for context in point.decoder_contexts()]
     if decoders:
         await asyncio.sleep(DECODER_HEAD_START_S)
     prefills = [_generate(client, prefix + prompts.tokens(point.prefill_len), 1) for _ in range(point.prefills)]
@@ -158,9 +167,15 @@ def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int 
 
 
 def format_report(result: dict[str, Any]) -> str:
-    lines = [f"{'form':<6} {'train MAPE':>11} {'held-out MAPE':>14}"]
+    """The table `sgl-blend profile --latency` prints: each form's MAPE overall and, held out,
+    per batch kind (a report written before those were kept shows dashes)."""
+    lines = [f"{'form':<6} {'train MAPE':>11} {'held-out MAPE':>14}   held out: "
+             + " ".join(f"{kind:>8}" for kind in BATCH_KINDS)]
     for form, fitted in result["forms"].items():
-        lines.append(f"{form:<6} {fitted['train_mape'] * 100:>10.2f}% {fitted['holdout_mape'] * 100:>13.2f}%")
+        by_kind = fitted.get("holdout_mape_by_kind", {})
+        kinds = " ".join(f"{by_kind[kind] * 100:>7.2f}%" if kind in by_kind else f"{'-':>8}" for kind in BATCH_KINDS)
+        lines.append(f"{form:<6} {fitted['train_mape'] * 100:>10.2f}% {fitted['holdout_mape'] * 100:>13.2f}%"
+                     f"             {kinds}")
     for form, error in result.get("errors", {}).items():
         lines.append(f"{form:<6} not fitted: {error}")
     lines.append(f"{result['train_batches']} training and {result['holdout_batches']} held-out batches; "
