@@ -134,28 +134,32 @@ class EchoLatencyModel:
     (prefix + extend)``; both are ``l²`` without a cached prefix.
 
     The extensions, each measured with `sgl-blend profile --latency` on tiny-llama, SGLang 0.5.23's
-    ``torch_native`` attention backend, 2 CPU cores (records in ``bench/results/``):
+    ``torch_native`` attention backend, 2 CPU cores (`bench/results/latency-model.json`; the
+    figures below come from the per-iteration records written beside it, which git ignores, in a
+    run whose noise floor was 8.2%):
 
     - ``alpha`` on the whole square: that backend runs attention request by request and computes
       the full causal square of a request with a cached prefix (it pads the query to
-      ``prefix + extend`` rows). A 32-token chunk on a 1024-token prefix took 13.5-16 ms against
-      4.5 ms without the prefix; ``extend · (prefix + extend)`` would make it nearly free.
-    - ``prefill_base``, once per prefill batch: three 16-token prefills in one batch took 3.3 ms,
-      one alone 3.8-6 ms, so the fixed cost belongs to the forward, not to each request (the
-      fitted per-request floor ``c`` comes out near zero on this CPU).
+      ``prefix + extend`` rows). A 32-token chunk took 13.6-14.4 ms on a 1024-token prefix and
+      5.0 ms on a 256-token one; the fitted ``alpha`` (7.3e-9 s) puts 7.5 ms on that difference,
+      while a coefficient on ``extend · (prefix + extend)`` large enough to explain it would cost
+      a plain 1024-token prefill 0.38 s (measured: 26-48 ms). Given both terms, the fit puts
+      everything on ``alpha`` and zero on ``alpha_chunk``.
+    - ``prefill_base``, once per prefill batch: three 16-token prefills in one batch took 5.2 ms,
+      one alone 2.8-4.3 ms, so the fixed cost belongs to the forward, not to each request; the
+      fitted per-request floor ``c`` comes out at zero and ``prefill_base`` at 3.7 ms.
     - ``decode_base + decode_per_request · N + decode_per_token · ΣL`` on the decode side: the
       backend loops over the decoding requests one at a time, so a decode batch costs per request
       and per context token rather than as a pooling over lengths. The paper's two terms alone
-      scored 25-32% held-out MAPE on decode-only batches (1-32 requests, 64-1100 tokens each); a
-      decode costs ~0.12-0.15 ms per request and ~0.3-0.5 µs per context token there, on top of
-      ~1.9 ms per forward.
+      scored 63% held-out MAPE on the decode-only batches (1-32 requests, 64-2048 tokens each),
+      the extended part 14%, at 1.7 ms per forward, 0.16 ms per request, 0.39 µs per context
+      token.
     - ``decode_as_prefill``: in a mixed batch that share of each decode counts in ``P`` as a
       one-token prefill over its context (without the floor; the fit picks the share on the mixed
       batches, in tenths). SGLang runs a mixed batch as one extend, so on that backend each
-      decode pays the square of its context. Sixteen decodes of ~513 tokens next to a
-      31-token prefill took 91 ms where the same decodes alone took 8 ms. With this term the
-      prefill-only fit predicted mixed batches at 12-18% MAPE, against 21-35% for ``P`` over the
-      prefill requests alone; ``λ`` still weighs ``P`` against ``D``.
+      decode pays the square of its context: sixteen decodes of ~513 tokens next to a 31-token
+      prefill took 68 ms, the same decodes alone 9.6 ms. The fit picks 1.0; held-out MAPE on mixed
+      batches is 13% with it, 25% with ``P`` over the prefill requests alone.
 
     Every coefficient is non-negative, so a prediction grows with the batch (`max_prefill`
     bisects on that), and the paper's form is the one with the extensions at zero.
