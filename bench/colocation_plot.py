@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-CONFIG_COLORS = {"online-only": "black", "hygen": "tab:blue", "hygen-star": "tab:orange",
-                 "sglang-priority": "tab:green"}
+CONFIG_COLORS = {"online-only": "black", "hygen": "tab:blue", "echo": "tab:purple", "bros": "tab:red",
+                 "hygen-star": "tab:orange", "sglang-priority-searched": "tab:green",
+                 "sglang-priority-unbounded": "tab:olive"}
 
 
 def latency_figure(columns: int) -> tuple[Any, Any]:

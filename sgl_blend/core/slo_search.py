@@ -3,7 +3,9 @@
 Larger budgets admit more offline work per iteration, so online latency grows with the budget;
 `search_budget` bisects (in log space: budgets span orders of magnitude) between a budget
 known to be safe and one known to be too large. Every SLO must hold at the chosen budget, so
-with several SLOs the tightest one decides; the result names it.
+with several SLOs the tightest one decides; the result names it. The same search finds any knob
+that trades offline work for online latency (an offline release rate, a scale on a scheduler's
+own SLOs); `steps_for` sizes it by the resolution wanted rather than by a count.
 """
 
 from __future__ import annotations
@@ -51,6 +53,17 @@ class SearchResult:
 
 def violations(metrics: dict[str, float], slos: Sequence[SLO], tolerance: float) -> list[str]:
     return [slo.metric for slo in slos if not metrics.get(slo.metric, math.inf) <= slo.limit(tolerance)]
+
+
+def steps_for(low: float, high: float, resolution: float) -> int:
+    """Bisection steps after both ends until the bracket's high/low ratio is at most
+    ``resolution``: each log-space step takes the square root of the ratio."""
+    if not (0 < low < high and resolution > 1):
+        raise ValueError(f"need 0 < low < high and resolution > 1, got {low}, {high}, {resolution}")
+    ratio, steps = high / low, 0
+    while ratio > resolution:
+        ratio, steps = math.sqrt(ratio), steps + 1
+    return steps
 
 
 def search_budget(evaluate: Callable[[float], dict[str, float]], slos: Sequence[SLO], tolerance: float,

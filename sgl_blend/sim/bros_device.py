@@ -16,6 +16,10 @@ from sgl_blend.core.cost_model import HardwareSpec, ModelSpec
 from sgl_blend.core.latency_model import BatchShape, LinearLatencyModel, fit_linear
 
 LAUNCH_OVERHEAD_S = 0.002
+# Pinned host-to-device copies timed by kernels/transfer.py on the lab's H100 (bytes, seconds):
+# BROS's swap model is fitted on these wherever the modelled device is an H100.
+H100_H2D_SAMPLES = ((1048576, 3.2017e-05), (16777216, 3.18247e-04), (67108864, 1.239361e-03),
+                    (268435456, 5.097975e-03))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,15 @@ produces one token. Policies:
   request short of KV drops a whole BE request, which recomputes.
 - ``bros``: Alg. 1 over the bidirectional layout with lazy checkpointing.
 
-Both BROS policies run the same `sgl_blend.core.bros` code the SGLang plugin runs.
+Both BROS policies run the same `sgl_blend.core.bros` code the SGLang plugin runs. Every policy
+gets the same per-iteration prefill token budget (SGLang's ``--max-prefill-tokens``): a prefill
+beyond the first that would exceed it waits for a later iteration. In BROS's plans such a request
+sits the iteration out, as one that finds no KV does.
+
+The BE load is a closed loop of synthetic jobs (`BestEffortLoop`) or a fixed list of requests
+(`BestEffortPool`: a batch job's lines, each run once). Anything that wants the token stream
+(`ServiceMetrics`, or the co-location benchmark's recorder in `sim.bros_colocation`) listens
+through `TokenListener`.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import random
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Protocol, Sequence
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
 from sgl_blend.core.bros.bidirectional_kv import BidirectionalKV
@@ -31,13 +39,15 @@ from sgl_blend.core.bros.metrics import ServiceMetrics
 from sgl_blend.core.bros.packing import BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 from sgl_blend.core.latency_model import BatchShape
-from sgl_blend.sim.bros_device import RooflineDevice
 
 POLICIES = ("fcfs", "rr", "bros-recompute", "bros")
 
 
 @dataclass(frozen=True)
 class SimSettings:
+    """``drain_realtime``: keep running past ``duration_s`` until every RT request has finished
+    (the co-location benchmark judges every online request's latency)."""
+
     kv_tokens: int = 32768
     block_size: int = 16
     max_running: int = 256
@@ -48,6 +58,7 @@ class SimSettings:
     be_output: tuple[int, int] = (32, 128)
     slo: SLO = field(default_factory=SLO)
     seed: int = 0
+    drain_realtime: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,22 @@ class Arrival:
     at: float
     prompt_len: int
     output_len: int
+
+
+class Device(Protocol):
+    """What the loop asks of the modelled device: how long a batch takes with a swap beside it."""
+
+    def iteration_s(self, shape: BatchShape, swap_tokens: int) -> float: ...
+
+
+class TokenListener(Protocol):
+    """What sees the requests' lifetimes (`ServiceMetrics` is one)."""
+
+    def arrived(self, rid: str, realtime: bool, now: float) -> None: ...
+
+    def token(self, rid: str, now: float) -> None: ...
+
+    def finished(self, rid: str, now: float) -> None: ...
 
 
 class Policy(ABC):
@@ -146,6 +173,7 @@ class FifoPolicy(Policy):
 
 class BrosPolicy(Policy):
     def __init__(self, settings: SimSettings, cost: IterationCost, bidirectional: bool) -> None:
+        self.prefill_token_budget = settings.prefill_token_budget
         self.scheduler = BrosScheduler(cost, settings.slo, AdaptiveBatchSize(settings.max_running))
         self.kv = BidirectionalKV(settings.kv_tokens // settings.block_size, settings.block_size,
                                   bidirectional=bidirectional)
@@ -173,12 +201,28 @@ class BrosPolicy(Policy):
                              self.kv.claimable_slots(False), self.kv.own_room())
         plan = self.scheduler.plan(now, memory)
         protect = {r.rid for r in plan.requests}
-        not_run = [r.rid for r in plan.requests if not self._place(r, protect, now)]
+        over = self._over_prefill_budget(plan.requests)
+        not_run = [r.rid for r in plan.requests if r.rid in over or not self._place(r, protect, now)]
         self._sync_victims()
         self._plan, self._not_run = plan, not_run
         skipped = set(not_run)
         ran = [r for r in plan.requests if r.rid not in skipped]
         return ran, sum(r.host_tokens for r in ran)
+
+    def _over_prefill_budget(self, requests: Sequence[BrosRequest]) -> set[str]:
+        """Prefills, in the plan's order (RT by urgency, then BE), past the first one that would
+        take the batch over the prefill token budget: they wait, as in `FifoPolicy`."""
+        left, over, first = self.prefill_token_budget, set(), True
+        for request in requests:
+            if not request.is_prefill():
+                continue
+            need = request.extend_tokens()
+            if not first and need > left:
+                over.add(request.rid)
+                continue
+            left -= need
+            first = False
+        return over
 
     def _place(self, request: BrosRequest, protect: set[str], now: float) -> bool:
         """Bring back the request's checkpointed tokens, then slots for its new ones. Room comes
@@ -218,6 +262,12 @@ def make_policy(name: str, settings: SimSettings, cost: IterationCost) -> Policy
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
 
 
+class BestEffortSource(Protocol):
+    """Where BE requests come from: the next one and its output length (None: no more)."""
+
+    def next(self, now: float) -> tuple[BrosRequest, int] | None: ...
+
+
 class BestEffortLoop:
     """Closed-loop BE jobs: prompt ~ U(a, b), output ~ U(c, d), seeded."""
 
@@ -233,25 +283,49 @@ class BestEffortLoop:
         return BrosRequest(f"be-{self.count}", False, now, prompt), output
 
 
-def simulate(policy_name: str, arrivals: Sequence[Arrival], device: RooflineDevice, cost: IterationCost,
-             settings: SimSettings) -> dict:
-    """Run one policy on one RT trace for ``settings.duration_s`` simulated seconds."""
+class BestEffortPool:
+    """BE requests from a fixed list of ``(rid, prompt_len, output_len)``, in its order, each once:
+    the lines of a batch job, kept ``be_concurrency`` at a time in the scheduler's queue."""
+
+    def __init__(self, requests: Sequence[tuple[str, int, int]]) -> None:
+        self._left = deque(requests)
+
+    def next(self, now: float) -> tuple[BrosRequest, int] | None:
+        if not self._left:
+            return None
+        rid, prompt_len, output_len = self._left.popleft()
+        return BrosRequest(rid, False, now, prompt_len), output_len
+
+
+def simulate(policy_name: str, arrivals: Sequence[Arrival], device: Device, cost: IterationCost,
+             settings: SimSettings, be_source: BestEffortSource | None = None,
+             listeners: Sequence[TokenListener] = ()) -> dict:
+    """Run one policy on one RT trace for ``settings.duration_s`` simulated seconds (and, with
+    ``drain_realtime``, until the last RT request finishes). BE requests come from ``be_source``
+    (default: the synthetic closed loop); ``listeners`` see every arrival, token and finish."""
     policy = make_policy(policy_name, settings, cost)
     metrics = ServiceMetrics(settings.slo)
+    watchers: list[TokenListener] = [metrics, *listeners]
     outputs: dict[str, int] = {}
-    loop = BestEffortLoop(settings)
+    source = be_source if be_source is not None else BestEffortLoop(settings)
 
     def submit(request: BrosRequest, output: int, now: float) -> None:
         outputs[request.rid] = output
-        metrics.arrived(request.rid, request.realtime, now)
+        for watcher in watchers:
+            watcher.arrived(request.rid, request.realtime, now)
         policy.submit(request)
 
+    def next_best_effort(now: float) -> None:
+        job = source.next(now)
+        if job is not None:
+            submit(*job, now)
+
     for _ in range(settings.be_concurrency):
-        submit(*loop.next(0.0), 0.0)
+        next_best_effort(0.0)
     pending = deque(sorted(arrivals, key=lambda a: a.at))
     live: dict[str, BrosRequest] = {}
     now, iterations, busy, idle = 0.0, 0, 0.0, 0.0
-    while now < settings.duration_s:
+    while now < settings.duration_s or (settings.drain_realtime and (live or pending)):
         while pending and pending[0].at <= now:
             arrival = pending.popleft()
             request = BrosRequest(arrival.rid, True, arrival.at, arrival.prompt_len)
@@ -274,18 +348,20 @@ def simulate(policy_name: str, arrivals: Sequence[Arrival], device: RooflineDevi
         iterations += 1
         finished = {r.rid for r in batch if r.generated + 1 >= outputs[r.rid]}
         for request in batch:
-            metrics.token(request.rid, now)
+            for watcher in watchers:
+                watcher.token(request.rid, now)
         policy.done(now, finished, elapsed)
         for rid in finished:
-            metrics.finished(rid, now)
-            if not rid.startswith("be-"):
-                live.pop(rid, None)
+            for watcher in watchers:
+                watcher.finished(rid, now)
+            if rid in live:
+                live.pop(rid)
             else:
-                submit(*loop.next(now), now)
+                next_best_effort(now)
     summary = metrics.summary(now)
     summary.update({"policy": policy_name, "iterations": iterations, "simulated_s": now,
                     "rt_unfinished": len(live), "mean_iteration_s": busy / iterations if iterations else None,
-                    "idle_s": idle})
+                    "busy_s": busy, "idle_s": idle})
     if isinstance(policy, BrosPolicy):
         summary["checkpointed_tokens"] = policy.checkpointed_tokens
     return summary

@@ -13,7 +13,7 @@ from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import BUILTIN_MODELS, HardwareSpec
 from sgl_blend.sim.bros_device import RooflineDevice
 from sgl_blend.sglang_plugin.settings import PluginSettings
-from sgl_blend.sim.bros_engine import SimSettings, poisson_arrivals, simulate
+from sgl_blend.sim.bros_engine import BestEffortPool, SimSettings, poisson_arrivals, simulate
 
 # A stand-in latency model in the bros form (5 ms per batch, 20 µs per prefill token, 1 ms per
 # decode): the tests that use it check mechanics, not timing.
@@ -46,3 +46,40 @@ def test_simulated_bros_serves_rt_ahead_of_be_where_fcfs_queues_them_behind() ->
     assert fcfs["rt_finished"] > 0 and bros["rt_finished"] > 0 and bros["be_finished"] > 0
     assert bros["ttft_attainment"] > fcfs["ttft_attainment"]
     assert bros["normalized_latency_s"] < fcfs["normalized_latency_s"]
+
+
+class RecordingDevice:
+    """A `RooflineDevice` that keeps every batch shape it timed."""
+
+    def __init__(self, device: RooflineDevice) -> None:
+        self.device = device
+        self.shapes = []
+
+    def iteration_s(self, shape, swap_tokens: int) -> float:
+        self.shapes.append(shape)
+        return self.device.iteration_s(shape, swap_tokens)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "bros"])
+def test_every_policy_keeps_the_prefill_token_budget_beyond_its_first_prefill(policy: str) -> None:
+    model = BUILTIN_MODELS["llama-3.1-8b"]
+    device = RooflineDevice(model, HardwareSpec("h100", 7.7e14, 2.97e12, 5.5e10),
+                            SwapModel(model.kv_bytes_per_token, 5.4e10))
+    recording = RecordingDevice(device)
+    settings = SimSettings(kv_tokens=16384, duration_s=2.0, be_concurrency=16, max_running=64,
+                           prefill_token_budget=1024)
+    arrivals = poisson_arrivals([(200, 40), (60, 120), (400, 20)], rate=8.0, duration_s=2.0, seed=1)
+    simulate(policy, arrivals, recording, device.fitted_cost(), settings)
+    # A prompt over the budget runs alone; batches of several prefills stay within it.
+    multi = [shape for shape in recording.shapes if shape.prefill_reqs > 1]
+    assert multi and all(shape.prefill_tokens <= 1024 for shape in multi)
+
+
+def test_a_best_effort_pool_runs_each_request_once_and_then_runs_dry() -> None:
+    model = BUILTIN_MODELS["llama-3.1-8b"]
+    device = RooflineDevice(model, HardwareSpec("h100", 7.7e14, 2.97e12, 5.5e10),
+                            SwapModel(model.kv_bytes_per_token, 5.4e10))
+    pool = BestEffortPool([(f"job-{i}", 100 + i, 5) for i in range(20)])
+    settings = SimSettings(kv_tokens=16384, duration_s=3.0, be_concurrency=8, max_running=64)
+    result = simulate("bros", [], device, device.fitted_cost(), settings, be_source=pool)
+    assert result["be_finished"] == 20 and pool.next(0.0) is None

@@ -1,0 +1,152 @@
+"""The co-location simulator bench's plumbing on a tiny setup: the rate-searched priority baseline
+meets the SLO it was searched for, the targets are computed from the runs, the load picker's
+utilisations are what it claims, and BROS on the co-location workload reports the same things.
+
+Synthetic requests (no tokenizer), Llama-3.1-8B / H100 iteration times, a 20 s trace: every
+figure compared is simulated time, deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from bench import colocation_judge as judge
+from bench import colocation_sim as bench
+from bench.load_picker import pick_rate
+from sgl_blend.core.bros.cost import IterationCost, SwapModel
+from sgl_blend.core.bros.requests import SLO as RealtimeSLO
+from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
+from sgl_blend.core.slo_search import SLO, steps_for, violations
+from sgl_blend.sim.bros_colocation import ClockDevice, run_bros
+from sgl_blend.sim.bros_device import H100_H2D_SAMPLES
+from sgl_blend.sim.bros_engine import SimSettings
+from sgl_blend.sim.overlap import overlap_function
+from sgl_blend.sim.step_time import NoisyClock, StepTime, fit_latency
+from sgl_blend.sim.workload import SimRequest, chain_hash
+
+DURATION_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def setup() -> bench.Setup:
+    args = bench.parse_args(["--duration", str(DURATION_S), "--offline-n", "400", "--resolution", "2.0"])
+    cost = CostModel(model_spec(args.model), HardwareSpec.resolve(args.hardware))
+    step = StepTime.of(cost, overlap_function(args.overlap))
+    fit = fit_latency(NoisyClock(step, args.jitter, seed=1), count=200)
+    rng = random.Random(0)
+    online = [SimRequest(f"on-{i}", "online", (), rng.randint(50, 900), rng.randint(20, 200), 4096, False)
+              for i in range(50)]
+    systems = [(chain_hash("", f"system-{k}"), 200) for k in range(4)]
+    offline = [SimRequest(f"off-{i}", "offline", (systems[i % 4],), rng.randint(20, 600), rng.randint(1, 100), 512,
+                          False) for i in range(args.offline_n)]
+    swap = SwapModel.fit(H100_H2D_SAMPLES, cost.model.kv_bytes_per_token)
+    return bench.Setup(args, cost, step, fit.models[fit.best_form()].to_dict(), fit.models["bros"], swap, online,
+                       offline)
+
+
+def test_the_rate_searched_priority_baseline_meets_the_slo_it_was_searched_for(setup: bench.Setup) -> None:
+    tune = bench.online_arrivals(setup, "poisson", 1.0, bench.TUNE_SEED)
+    reference = bench.run_config(setup, tune, "online-only", None, bench.TUNE_SEED, None)
+    slos = [SLO(metric, reference[metric]) for metric in setup.args.slo]
+    search = bench.searched(setup, tune, judge.BASELINE, slos, reference)
+    assert search["met"] and search["steps"] == steps_for(setup.args.low_rate, setup.args.high_rate, 2.0)
+    chosen = next(trial for trial in search["trials"] if trial["value"] == search["value"])
+    assert chosen["offline_tokens_per_s"] > 0
+    again = bench.run_config(setup, tune, judge.BASELINE, search["value"], bench.TUNE_SEED, reference)
+    assert not violations(again, slos, setup.args.tolerance)
+    assert again["offline_tokens_per_s"] == chosen["offline_tokens_per_s"]
+    # The unbounded priority run, the same engine with the whole pool released, breaks the SLO.
+    unbounded = bench.run_config(setup, tune, "sglang-priority-unbounded", None, bench.TUNE_SEED, None)
+    assert violations(unbounded, slos, setup.args.tolerance)
+    assert unbounded["offline_tokens_per_s"] > chosen["offline_tokens_per_s"]
+
+
+def test_the_load_picker_reports_the_utilisation_online_only_really_has(setup: bench.Setup) -> None:
+    picks = bench.pick_loads(setup, ["poisson"])
+    assert [pick["target"] for pick in picks] == setup.args.targets
+    for pick in picks:
+        trace = bench.online_arrivals(setup, "poisson", pick["rate_per_s"], bench.EVAL_SEED)
+        run = bench.run_config(setup, trace, "online-only", None, bench.EVAL_SEED, None)
+        assert run["utilisation"] == pick["utilisation"]
+        assert 0 < run["utilisation"] < 1
+    utilisations = [pick["utilisation"] for pick in picks]
+    assert utilisations == sorted(utilisations)
+
+
+def test_pick_rate_bisects_toward_the_target_and_keeps_the_closest() -> None:
+    pick = pick_rate(lambda rate: rate / (1 + rate), 0.4, 0.01, 100.0, steps=30, tolerance=0.01)
+    assert abs(pick.utilisation - 0.4) <= 0.01 and pick.rate == pytest.approx(2 / 3, rel=0.05)
+    short = pick_rate(lambda rate: rate / (1 + rate), 0.4, 0.01, 100.0, steps=2, tolerance=0.0)
+    assert len(short.trials) == 2 and short.utilisation == min((u for _, u in short.trials),
+                                                               key=lambda u: abs(u - 0.4))
+
+
+def run(config: str, offline: float, *, violated: list[str] = (), utilisation: float = 0.3) -> dict:
+    return {"offline_tokens_per_s": offline, "slos_violated": list(violated), "utilisation": utilisation,
+            "pool_exhausted": False}
+
+
+def cell(rate: float, tokens: dict[str, float], violated: dict[str, list[str]] | None = None) -> dict:
+    runs = {config: run(config, tokens.get(config, 0.0), violated=(violated or {}).get(config, []))
+            for config in judge.CONFIGS}
+    return {"pattern": "poisson", "rate_per_s": rate, "target_utilisation": rate, "runs": runs,
+            "search": {config: {"trials": []} for config in judge.SEARCHED}}
+
+
+def test_targets_are_computed_from_the_runs() -> None:
+    cells = [cell(0.2, {"hygen": 300, "echo": 100, "bros": 0, judge.BASELINE: 200}),
+             cell(0.5, {"hygen": 10, "echo": 500, "bros": 50, judge.BASELINE: 100}, {"echo": ["tbt_p99"]})]
+    goal = judge.targets(cells)
+    assert goal["over_baseline_at_lowest_load"] == {"hygen": {"poisson@0.2": 1.5}, "echo": {"poisson@0.2": 0.5},
+                                                    "bros": {"poisson@0.2": 0.0}}
+    assert goal["at_least_1.3x"] == {"hygen": True, "echo": False, "bros": False}
+    assert goal["slos_met"]["echo"] == {"poisson@0.2": True, "poisson@0.5": False}
+    assert goal["goal_met"] == {"hygen": True, "echo": False, "bros": False}
+    assert goal["loads_within_20_60"] and goal["online_only_utilisation"] == {"poisson@0.2": 0.3, "poisson@0.5": 0.3}
+    # A baseline that ran no offline work is beaten by any mode that did, and by none that did not.
+    idle = judge.targets([cell(0.2, {"hygen": 5, "echo": 0})])
+    assert idle["over_baseline_at_lowest_load"]["hygen"] == {"poisson@0.2": None}
+    assert idle["at_least_1.3x"]["hygen"] and not idle["at_least_1.3x"]["echo"]
+    rows = judge.table([{**cells[0], "runs": {c: {**r, **{m: 0.01 for m in ("ttft_mean", "ttft_p99", "tbt_mean",
+                                                                               "tbt_p99")}}
+                                               for c, r in cells[0]["runs"].items()}}])
+    assert {row["config"]: row["over_baseline"] for row in rows}["hygen"] == 1.5
+
+
+def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_offline_once(
+        setup: bench.Setup) -> None:
+    arrivals = bench.online_arrivals(setup, "poisson", 1.0, bench.EVAL_SEED)
+    offline = setup.offline[:30]  # few enough that all of them finish within the trace
+    device = ClockDevice(NoisyClock(setup.step, 0.0), setup.swap)
+    settings = SimSettings(kv_tokens=setup.cost.kv_capacity_tokens(), max_running=64, prefill_token_budget=512,
+                           be_concurrency=64, slo=RealtimeSLO(0.05, 0.01))
+    result = run_bros(arrivals, offline, device, IterationCost(setup.bros_model, setup.swap), settings, DURATION_S)
+    assert [timing.tokens for timing in result.online] == [arrival.request.output_len for arrival in arrivals]
+    assert all(timing.ttft is not None and timing.ttft >= 0 for timing in result.online)
+    assert result.seconds >= DURATION_S and 0 < device.busy_s <= result.seconds
+    # Every offline request finished: its prompt and its output counted exactly once.
+    assert result.counts["offline_finished"] == len(offline)
+    assert sum(tokens for _, tokens in result.offline_events) == sum(r.prompt_len + r.output_len for r in offline)
+
+
+def test_steps_for_a_resolution() -> None:
+    assert steps_for(1.0, 1.2, 1.25) == 0
+    assert steps_for(1.0, 2.0, 1.25) == 2  # 2 -> 1.41 -> 1.19
+    assert steps_for(0.02, 10.0, 1.25) == 5  # 500 -> 22 -> 4.7 -> 2.2 -> 1.48 -> 1.22
+    with pytest.raises(ValueError, match="resolution > 1"):
+        steps_for(1.0, 2.0, 1.0)
+
+
+def test_the_cpu_bench_reads_utilisation_from_the_schedulers_records(tmp_path) -> None:
+    from bench.colocation import Engine
+
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(json.dumps({"iteration": i, "forward_s": 0.1, "wall": 100.0 + i}) + "\n"
+                               for i in range(10)))
+    engine = Engine(server=None, records=records)
+    assert engine.busy_s(102.0, 105.0) == pytest.approx(0.4)  # the batches that ended at 102..105
+    assert engine.busy_s(200.0, 300.0) == 0.0
+    assert Engine(server=None, records=tmp_path / "none.jsonl").busy_s(0.0, 1.0) == 0.0
