@@ -13,9 +13,17 @@ with an `IterationPlan`:
    (`offline_chunk`), each the longest that fits the residual time, the chunk room and the
    offline memory, and only if the decode iteration that follows also stays within the budget.
 
+In Echo mode steps 2 and 3 are Echo's selector (`echo_plan`): `begin` keeps the last batch's
+offline decodes that the deadline carries, cheapest first, and preempts at the least punishment
+what memory requires; `choose_offline` then picks, from the waiting offline requests the engine
+shows it, which to admit and in what order by benefit minus punishment per unit of time, and the
+engine admits exactly those, each chunk capped by the selection.
+
 Memory is HyGen's offline budget (Alg. 2, `ColocationController.offline_memory`): online demand
-is met first, offline work that no longer fits beside it is preempted newest first
-(`IterationPlan.preempt`), and offline admission gets what is left.
+is met first; what offline work no longer fits beside it gives back -- first the KV parked decodes
+keep pinned (`IterationPlan.unpin_tokens`, newest parked first), then running offline requests
+(`IterationPlan.preempt`: newest first in HyGen, at the least punishment in Echo) -- and offline
+admission gets what is left.
 
 The budget is HyGen's fixed per-iteration latency budget ``L`` (found by the SLO profiler), or
 Echo's deadline: the tightest ``TTFT + i·TPOT - waited`` over the online requests, or an idle cap
@@ -27,12 +35,15 @@ No SGLang import: the SGLang plugin and the simulator build views and apply plan
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from sgl_blend.core import echo_plan
+from sgl_blend.core.echo_plan import EchoChoices, OfflineCandidate
 from sgl_blend.core.latency_model import BatchShape, LatencyModel, max_prefill, model_from_dict
 
 MODES = ("off", "hygen", "echo", "bros")
@@ -116,7 +127,9 @@ class ColocationConfig:
 
 @dataclass(slots=True)
 class RunningRequest:
-    """A request that decodes this iteration. ``reserved`` is the KV it may still add."""
+    """A request that decodes this iteration. ``reserved`` is the KV it may still add; ``shared``
+    the part of its context another lock also holds (another running request on the same prefix,
+    a parked request's pin), which stays resident if this one is preempted (Echo's punishment)."""
 
     rid: str
     online: bool
@@ -124,6 +137,7 @@ class RunningRequest:
     reserved: int = 0
     arrival: float = 0.0
     output_tokens: int = 0
+    shared: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +152,14 @@ class WaitingOnline:
 
 @dataclass
 class IterationView:
+    """``parked_tokens`` is the KV that parked offline decodes keep pinned for their return."""
+
     now: float
     running: Sequence[RunningRequest]
     waiting_online: Sequence[WaitingOnline]
     kv_capacity: int
     chunk_tokens: int | None = None
+    parked_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -235,6 +252,33 @@ class IterationBudget:
         self._charge_chunk(1)
         return True
 
+    def try_offline_decodes(self, contexts: Sequence[int]) -> bool:
+        """Keep all these offline decodes if the batch with every one of them fits, on one
+        prediction; otherwise change nothing."""
+        if self.model is None:
+            self._charge_chunk(len(contexts))
+            return True
+        batch, decodes = self.batch, self.decodes
+        for context in contexts:
+            batch = batch.with_decode(context)
+            decodes = decodes.with_decode(context + 1)
+        if self.model.predict(batch) > self.latency_s:
+            return False
+        self.batch, self.decodes = batch, decodes
+        self._charge_chunk(len(contexts))
+        return True
+
+    def fits_prefill(self, extend: int, prefix: int, max_new_tokens: int) -> bool:
+        """Whether a whole remaining prompt fits now: chunk room, offline memory for it and its
+        decodes, and the time budget for this batch and for the decode iteration that follows."""
+        if (self.chunk_left is not None and extend > self.chunk_left) or (
+                self.offline_memory is not None and extend + max_new_tokens > self.offline_memory):
+            return False
+        if self.model is None:
+            return True
+        return (self.model.predict(self.batch.with_prefill(extend, prefix)) <= self.latency_s
+                and self.model.predict(self.decodes.with_decode(prefix + extend)) <= self.latency_s)
+
     def offline_chunk(self, extend: int, prefix: int, max_new_tokens: int, *, must_progress: bool = False) -> int:
         """The prefill chunk an offline request may run now (0: none). ``must_progress`` is for a
         chunked prefill already under way, which the engine cannot pause: it gets at least one
@@ -272,11 +316,15 @@ class IterationBudget:
 
 @dataclass
 class IterationPlan:
+    """``echo`` holds Echo's selector decisions (None in HyGen mode)."""
+
     budget: IterationBudget
     park: list[str] = field(default_factory=list)
     preempt: list[str] = field(default_factory=list)
+    unpin_tokens: int = 0
     online_reserve: int = 0
     calibration: float = 1.0
+    echo: EchoChoices | None = None
 
     def summary(self) -> dict[str, Any]:
         predicted, raw = self.budget.predicted_s(), self.budget.model_s()
@@ -286,8 +334,10 @@ class IterationPlan:
             "model_s": round(raw, 6) if raw is not None else None,
             "parked": len(self.park),
             "preempted": len(self.preempt),
+            "unpinned_tokens": self.unpin_tokens,
             "online_reserve": self.online_reserve,
             "calibration": round(self.calibration, 4),
+            **({"echo": self.echo.summary()} if self.echo is not None else {}),
         }
 
 
@@ -342,11 +392,12 @@ class ColocationController:
         (``m = free + M_off``); if that leaves less than ``M_off``, offline work is preempted until
         it fits, and offline admission gets ``m - M_off``. Echo keeps an extra reserve for online
         bursts (μ + kσ of recent online demand) out of offline reach; it caps admission but never
-        preempts on its own. Offline KV counts what it holds now plus what its decodes may still add.
+        preempts on its own. Offline KV counts what it holds now plus what its decodes may still add,
+        and the KV parked offline decodes keep pinned.
         """
         online_kv = sum(r.context + r.reserved for r in view.running if r.online)
         online_kv += sum(w.prompt_tokens + w.max_new_tokens for w in view.waiting_online)
-        offline_kv = sum(r.context + r.reserved for r in view.running if not r.online)
+        offline_kv = sum(r.context + r.reserved for r in view.running if not r.online) + view.parked_tokens
         reserve = 0
         if self.config.online_reserve:
             self.demand.observe(view.now, online_kv)
@@ -365,7 +416,13 @@ class ColocationController:
         for request in view.waiting_online:
             budget.add_online_prefill(request.prompt_tokens)
         plan = IterationPlan(budget, online_reserve=reserve, calibration=self.calibration)
+        plan.unpin_tokens = min(deficit, view.parked_tokens)
+        deficit -= plan.unpin_tokens
+        budget.offline_memory += plan.unpin_tokens
         offline = [request for request in view.running if not request.online]
+        if self.config.mode == "echo":
+            self._echo_running(plan, offline, deficit)
+            return plan
         while deficit > 0 and offline:
             preempted = offline.pop()
             plan.preempt.append(preempted.rid)
@@ -376,3 +433,42 @@ class ColocationController:
                 plan.park = [parked.rid for parked in offline[position:]]
                 break
         return plan
+
+    def _echo_running(self, plan: IterationPlan, offline: list[RunningRequest], deficit: int) -> None:
+        """Echo's adjustments to the last batch's offline decodes (`echo_plan`): preempt at the
+        least punishment what memory requires, then keep the cheapest decodes the deadline carries."""
+        budget = plan.budget
+        preempted = echo_plan.preempt_for_memory(offline, deficit)
+        plan.preempt = [adjustment.rid for adjustment in preempted]
+        gone = set(plan.preempt)
+        budget.offline_memory += sum(r.context + r.reserved for r in offline if r.rid in gone)
+        decodes = echo_plan.keep_decodes(budget, [r for r in offline if r.rid not in gone])
+        plan.park = [adjustment.rid for adjustment in decodes if adjustment.kind == echo_plan.PARK_DECODE]
+        plan.echo = echo_plan.EchoChoices(preempted + decodes, predicted_s=budget.predicted_s())
+
+    def choose_offline(self, plan: IterationPlan, candidates: Sequence[OfflineCandidate], *,
+                       continuing: tuple[int, int, int] | None = None, truncate: bool = True,
+                       window: int = echo_plan.CANDIDATE_WINDOW) -> dict[str, int]:
+        """Echo's prefill selection for ``plan`` (made by `begin` in echo mode): which waiting
+        offline requests to admit, in which order, with which chunk (rid to chunk). It is chosen on
+        a copy of the plan's budget, so the engine still charges the real one as it admits;
+        ``continuing`` -- ``(extend, prefix, max_new_tokens)`` of an offline chunked prefill under
+        way, which goes first and cannot pause -- is charged on that copy the way the engine will.
+        ``truncate`` says whether the engine may start a chunked prefill now; ``window`` how many
+        candidates, from the first, the selector weighs. A request this plan has just preempted or
+        parked does not come back in the same iteration."""
+        choices = plan.echo
+        taken_out = {*plan.preempt, *plan.park}
+        candidates = [candidate for candidate in candidates if candidate.rid not in taken_out]
+        scratch = copy.copy(plan.budget)
+        if continuing is not None:
+            extend, prefix, max_new = continuing
+            chunk = scratch.offline_chunk(extend, prefix, max_new, must_progress=True)
+            scratch.commit_offline_prefill(chunk, prefix, chunk >= extend, max_new)
+        model = scratch.model or (ScaledModel(self.model, self.calibration) if self.model is not None else None)
+        added = echo_plan.add_prefills(scratch, model, candidates, truncate=truncate, window=window)
+        choices.adjustments.extend(added)
+        choices.candidates = min(len(candidates), window)
+        choices.admit = {adjustment.rid: adjustment.tokens for adjustment in added}
+        choices.predicted_s = scratch.predicted_s()
+        return choices.admit

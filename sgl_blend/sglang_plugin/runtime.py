@@ -85,7 +85,8 @@ class PluginRuntime:
                            record_calls=settings.record_policy_calls)
 
     def order_waiting_queue(self, waiting_queue: list, tree_cache: Any) -> None:
-        """After SGLang's own ordering: online first, offline work in the policy's order."""
+        """After SGLang's own ordering: online first, offline work in the policy's order, then the
+        mode's say on it (Echo picks its admissions from that order)."""
         if not self._pool_tried:
             self._pool_tried = True
             try:
@@ -93,6 +94,7 @@ class PluginRuntime:
             except Exception:
                 logger.exception("sgl-blend could not create its offline pool; SGLang schedules on its own")
         self._order(waiting_queue, tree_cache)
+        self.mode.order_offline(waiting_queue, tree_cache, self.reusers())
 
     @guarded("pool", POOL_FAILED)
     def _order(self, waiting_queue: list, tree_cache: Any) -> None:

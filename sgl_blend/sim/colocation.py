@@ -14,7 +14,10 @@ Configurations are the same loop with different settings, so they differ only wh
 - no latency budget: online first and offline fills every iteration (SGLang's priority scheduling
   with mixed chunks; give it SGLang's own offline order, ``lpm``);
 - ``offline_rate``: offline requests are released to the pool at that rate (HyGen's HyGen*);
-- a latency budget (HyGen) or Echo's deadlines: the co-location planner.
+- a latency budget (HyGen) or Echo's deadlines: the co-location planner. In Echo mode the
+  controller's selector picks the offline admissions (`ColocationController.choose_offline`) from
+  the policy's first proposals, as it does in the plugin from the ordered waiting queue, and they
+  are admitted in its order with its chunks; the plan's Echo decisions are counted (``echo_*``).
 
 Memory: shared prompt segments live in the radix cache (`RadixKVCache`); a parked offline decode
 keeps its KV in place (the plugin checkpoints it into the radix cache, which the sim does not
@@ -24,12 +27,14 @@ prompt and output when they return -- online work never waits for offline memory
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from sgl_blend.core.colocation import (
-    ColocationController, IterationBudget, IterationView, RunningRequest, WaitingOnline,
+    ColocationController, IterationBudget, IterationPlan, IterationView, RunningRequest, WaitingOnline,
 )
+from sgl_blend.core.echo_plan import CANDIDATE_WINDOW, OfflineCandidate
 from sgl_blend.core.cost_model import CLIP_MAX_NEW_TOKENS, MIN_NEW_TOKEN_RATIO
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
@@ -52,7 +57,8 @@ class ColocatedConfig:
     """``chunk_tokens`` is the per-iteration token budget (Sarathi's chunk, SGLang's
     ``--chunked-prefill-size``); ``offline_rate`` None puts the whole pool in at time 0.
     ``mixed`` False is SGLang without ``--enable-mixed-chunk``: an iteration that prefills
-    anything decodes nothing, and prefill goes first whenever a prompt fits."""
+    anything decodes nothing, and prefill goes first whenever a prompt fits. ``echo_window`` is how
+    many of the policy's proposals Echo's selector weighs (`echo_plan.CANDIDATE_WINDOW`)."""
 
     kv_capacity: int
     chunk_tokens: int = 512
@@ -60,6 +66,7 @@ class ColocatedConfig:
     offline_rate: float | None = None
     mixed: bool = True
     proposal_size: int = 8
+    echo_window: int = CANDIDATE_WINDOW
 
 
 @dataclass
@@ -152,7 +159,9 @@ class _ColocatedRun:
         self.events: list[tuple[float, int]] = []
         self.iterations = 0
         self.peak_kv = 0
-        self.counts = {"parked": 0, "retracted": 0, "offline_finished": 0}
+        self.counts = {"parked": 0, "retracted": 0, "offline_finished": 0, "offline_prefill_computed": 0,
+                       "offline_prefix_hit": 0}
+        self.started: set[str] = set()
 
     def execute(self) -> ColocatedResult:
         if self.policy is not None:
@@ -234,6 +243,9 @@ class _ColocatedRun:
         if not self._make_room(self.cache.missing_tokens(request.prefix) + private):
             return 0
         hit = self.cache.acquire(request.prefix)
+        if not active.online:
+            self.started.add(active.rid)
+            self.counts["offline_prefix_hit"] += hit
         active.private = private
         self.private_used += private
         active.prefill_left = max(1, request.prompt_len + active.generated - hit)
@@ -243,12 +255,26 @@ class _ColocatedRun:
     # -- one iteration -----------------------------------------------------------------------
 
     def _view(self, decoding: list[_Active]) -> IterationView:
-        running = [RunningRequest(a.rid, a.online, a.context, a.reserve(), a.arrival, a.generated) for a in decoding]
+        holders = Counter(key for a in self.running for key, _length in a.request.prefix) \
+            if self.controller.config.mode == "echo" else None
+        running = [RunningRequest(a.rid, a.online, a.context, a.reserve(), a.arrival, a.generated,
+                                  self._held_by_others(a, holders) if holders is not None and not a.online else 0)
+                   for a in decoding]
         waiting = [WaitingOnline(a.rid, a.prefill_left, a.reserve(), a.arrival)
                    for a in self.running if a.online and a.prefill_left]
         waiting += [WaitingOnline(a.rid, a.prompt_len - self.cache.cached_prefix(a.request.prefix),
                                   a.reserve(), a.arrival) for a in self.waiting_online]
         return IterationView(self.now, running, waiting, self.cfg.kv_capacity, self.cfg.chunk_tokens)
+
+    @staticmethod
+    def _held_by_others(active: _Active, holders: Counter[str]) -> int:
+        """Prefix tokens another running request also holds: they stay resident if ``active`` goes."""
+        held = 0
+        for key, length in active.request.prefix:
+            if holders[key] < 2:
+                break
+            held += length
+        return held
 
     def _step(self) -> bool:
         if not self._make_room(len(self.running)):
@@ -264,8 +290,13 @@ class _ColocatedRun:
         decoding = [a for a in decoding if a.rid not in parked]
         chunks: list[tuple[_Active, int]] = []
         room = self._online_prefill(self.cfg.chunk_tokens - (len(decoding) if self.cfg.mixed else 0), chunks)
-        if self.policy is not None:
+        if self.policy is not None and plan.echo is not None:
+            self._echo_prefill(plan, room, chunks)
+        elif self.policy is not None:
             self._offline_prefill(plan.budget, room, chunks)
+        if plan.echo is not None:
+            for kind, count in plan.echo.counts().items():
+                self.counts[f"echo_{kind}"] = self.counts.get(f"echo_{kind}", 0) + count
         if chunks and not self.cfg.mixed:
             decoding = []
         shape = BatchShape()
@@ -343,13 +374,46 @@ class _ColocatedRun:
             if len(taken) < len(proposal) or not taken:
                 return
 
-    def _offline_chunk(self, budget: IterationBudget, active: _Active, room: int, chunks: list[tuple[_Active, int]]) -> int:
+    def _echo_prefill(self, plan: IterationPlan, room: int, chunks: list[tuple[_Active, int]]) -> None:
+        """Offline prompts under way first (they cannot pause), then Echo's selection among the
+        policy's first proposals, admitted in the selector's order, each chunk capped by it."""
+        budget = plan.budget
+        for active in [a for a in self.running if not a.online and a.prefill_left]:
+            room = self._offline_chunk(budget, active, room, chunks)
+        slots = self.cfg.max_running - len(self.running)
+        free = self._free() + self.cache.evictable - sum(a.held_reserve() for a in self.running)
+        window = self.cfg.echo_window
+        proposal = self.policy.propose(max(int(free), 0), min(window, slots)) if room > 0 and slots > 0 else []
+        candidates = [self._candidate(self.offline[offered.rid]) for offered in proposal]
+        admit = self.controller.choose_offline(plan, candidates, window=window)
+        by_rid = {candidate.rid: candidate for candidate in candidates}
+        taken = []
+        for rid, chunk in admit.items():
+            active = self.offline[rid]
+            if room <= 0 or by_rid[rid].extend + active.reserve() > free or not self._start(active):
+                break
+            taken.append(rid)
+            free -= by_rid[rid].extend + active.reserve()
+            room = self._offline_chunk(budget, active, room, chunks, cap=chunk)
+        self.policy.admitted(taken)
+
+    def _candidate(self, active: _Active) -> OfflineCandidate:
+        """What `_start` would prefill: the prompt and any output past the resident prefix, at least one token."""
+        total = active.prompt_len + active.generated
+        extend = max(1, total - self.cache.cached_prefix(active.request.prefix))
+        return OfflineCandidate(active.rid, extend, total - extend, active.reserve(), fresh=active.rid not in self.started)
+
+    def _offline_chunk(self, budget: IterationBudget, active: _Active, room: int, chunks: list[tuple[_Active, int]],
+                       cap: int | None = None) -> int:
         prefix = active.context
         chunk = min(budget.offline_chunk(active.prefill_left, prefix, active.reserve()), room)
+        if cap is not None:
+            chunk = min(chunk, cap)
         if chunk <= 0:
             return room
         budget.commit_offline_prefill(chunk, prefix, chunk == active.prefill_left, active.reserve())
         chunks.append((active, chunk))
+        self.counts["offline_prefill_computed"] += chunk
         return room - chunk
 
     def _emit_token(self, active: _Active) -> int:

@@ -1,7 +1,8 @@
-"""Co-location in a real SGLang scheduler (tiny-llama, one server for the module, KV pool of 4096
-tokens so offline work can fill it): online requests are admitted in the very next iteration
-even when offline work saturates the engine, a preempted offline request resumes from its cached
-KV and writes exactly what an undisturbed run writes, and settings change at runtime."""
+"""Co-location in a real SGLang scheduler (tiny-llama, KV pool of 4096 tokens so offline work can
+fill it; one HyGen server, then one Echo server): online requests are admitted in the very next
+iteration even when offline work saturates the engine, a preempted offline request resumes from
+its cached KV and writes exactly what an undisturbed run writes, settings change at runtime, and
+Echo's selector decides which offline requests the engine admits."""
 
 from __future__ import annotations
 
@@ -31,12 +32,26 @@ MODEL = {"form": "hygen", "coefficients": {"intercept": 1e-3, "S_p": 1e-5, "S_d"
                                             "N_p": 0.0, "N_d": 0.0}}
 
 
+def launch(tmp_path_factory: pytest.TempPathFactory, config: ColocationConfig, *flags: str) -> ServerProcess:
+    settings = PluginSettings(offline_policy="fcfs", colocation=config)
+    args = colocation_launch(settings, ["--port", str(free_port()), "--max-total-tokens", str(KV_TOKENS), *flags])
+    log = tmp_path_factory.mktemp("colocation") / "server.log"
+    return start_server("tiny-llama", args, log_path=log, settings=settings)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    settings = PluginSettings(offline_policy="fcfs", colocation=ColocationConfig(mode="hygen", latency_model=MODEL))
-    args = colocation_launch(settings, ["--port", str(free_port()), "--max-total-tokens", str(KV_TOKENS)])
-    log = tmp_path_factory.mktemp("colocation") / "server.log"
-    process = start_server("tiny-llama", args, log_path=log, settings=settings)
+    process = launch(tmp_path_factory, ColocationConfig(mode="hygen", latency_model=MODEL))
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def echo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Echo mode with deadlines this CPU meets without trouble, and two request slots, so requests
+    wait for a slot together and the selector's choice among them shows in who gets it."""
+    process = launch(tmp_path_factory, ColocationConfig(mode="echo", ttft_slo_s=30.0, tpot_slo_s=5.0,
+                                                        latency_model=MODEL), "--max-running-requests", "2")
     yield process
     process.stop()
 
@@ -106,7 +121,9 @@ def test_online_requests_are_admitted_in_the_next_iteration_under_offline_satura
     assert set(online_ids) <= set(admissions), state["online_admissions"]
     late = [admissions[rid] for rid in online_ids if admissions[rid]["scheduled_in"] != admissions[rid]["arrived_after"] + 1]
     assert not late, late
-    assert state["colocation"]["counts"].get("memory_reclaimed", 0) > 0, state["colocation"]["counts"]
+    counts = state["colocation"]["counts"]
+    # taken by the plan's offline memory budget (HyGen Alg. 2), or by the adder when that falls short
+    assert counts.get("preempted_for_memory", 0) + counts.get("memory_reclaimed", 0) > 0, counts
     busy = {record["iteration"]: record for record in state["iterations"]}
     first_arrival = busy[admissions[online_ids[0]]["arrived_after"]]
     assert first_arrival["offline_decode"] + first_arrival["offline_prefill"] >= 6, first_arrival
@@ -144,3 +161,83 @@ def test_settings_change_at_runtime_and_bad_ones_are_refused(server: ServerProce
     assert records and all(record["latency_budget_s"] == 0.05 and record["predicted_s"] > 0 for record in records)
     assert set_state(server, {"sgl_blend_clear_latency_budget": 1})
     assert plugin_state(server)["colocation"]["latency_budget_s"] is None
+
+
+def test_a_parked_offline_decode_keeps_its_kv_pinned_through_an_online_burst(server: ServerProcess) -> None:
+    """A zero latency budget parks the offline decode (HyGen's decode skipping); online requests
+    then insert more distinct prompts than the pool holds, so an unpinned checkpoint, the least
+    recently used entry, would be evicted. Pinned, it survives: the request resumes from every
+    token it had computed and writes what it writes undisturbed."""
+    prompt = tokens(300, 21)
+    undisturbed = generate(server, prompt, 300, offline=True, rid="pinned-undisturbed")
+    requests.post(f"{server.base_url}/flush_cache", timeout=60).raise_for_status()
+    progress = [0]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        parked = pool.submit(generate_streaming, server, prompt, 300, "pinned", progress)
+        try:
+            wait_for(lambda: progress[0] >= 50, "the offline request to decode 50 tokens")
+            assert set_state(server, {"sgl_blend_latency_budget_s": 0.0})
+            wait_for(lambda: plugin_state(server)["colocation"]["pinned_tokens"] > 0, "the offline decode to be parked")
+            pinned = plugin_state(server)["colocation"]["pinned_tokens"]
+            for index in range(6):
+                assert len(generate(server, tokens(700, 2000 + index), 4, offline=False)["output_ids"]) == 4
+            state = plugin_state(server)["colocation"]
+            assert state["pinned_tokens"] == pinned and state["parked_now"] == 1, state
+        finally:
+            set_state(server, {"sgl_blend_clear_latency_budget": 1})
+        resumed = parked.result()
+    assert resumed["output_ids"] == undisturbed["output_ids"]
+    resumes = [entry for entry in plugin_state(server)["colocation"]["resumes"] if entry["rid"] == "pinned"]
+    assert resumes and resumes[-1]["resumed_prefix"] >= pinned - 1, resumes
+
+
+def test_echo_gives_a_free_slot_to_the_request_on_a_resident_prefix(echo_server: ServerProcess) -> None:
+    """Two long offline requests hold both slots. "cold" (700 new tokens) then "warm" (40 new
+    tokens on a 600-token prefix a finished request left in the cache) wait; FCFS proposes "cold"
+    first. When a slot frees, Echo's selector gives it to "warm" (640 tokens for the time of 40), and
+    "cold" gets the next one."""
+    prefix = tokens(600, 31)
+    generate(echo_server, prefix, 4, offline=True, rid="prefix-owner")
+    assert set_state(echo_server, {RESET: 1})
+
+    def waiting() -> int:
+        loads = requests.get(f"{echo_server.base_url}/v1/loads", params={"include": "core"}, timeout=60).json()
+        return loads["loads"][0]["num_waiting_reqs"]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        long = [pool.submit(generate, echo_server, tokens(100, 40 + index), 200 + 200 * index, offline=True,
+                            rid=f"long-{index}") for index in range(2)]
+        wait_for(lambda: (plugin_state(echo_server)["offline"] or {}).get("running", 0) == 2, "both slots taken")
+        cold = pool.submit(generate, echo_server, tokens(700, 33), 4, offline=True, rid="cold")
+        wait_for(lambda: waiting() == 1, "cold to wait")
+        warm = pool.submit(generate, echo_server, prefix + tokens(40, 34), 4, offline=True, rid="warm")
+        wait_for(lambda: waiting() == 2, "warm to wait behind cold")
+        assert not any(future.done() for future in long)
+        answers = [future.result() for future in (cold, warm, *long)]
+    assert [len(answer["output_ids"]) for answer in answers] == [4, 4, 200, 400]
+    assert answers[1]["meta_info"]["cached_tokens"] >= len(prefix)
+    state = plugin_state(echo_server)
+    admitted = {entry[1]: entry[0] for entry in state["offline"]["admissions"]}
+    assert admitted["warm"] < admitted["cold"], state["offline"]["admissions"]
+    chosen = [record["echo"] for record in state["iterations"]
+              if record.get("echo", {}).get("adjustments", {}).get("add_prefill")]
+    assert any(choice["benefit"] >= 640 for choice in chosen), chosen
+
+
+def test_echo_decisions_reach_the_engine_with_online_requests(echo_server: ServerProcess) -> None:
+    """Eight offline requests (1000 + 200 tokens) keep both slots busy; each online request
+    (300 + 8 tokens) takes a slot from offline work, whose decode is parked with its KV and comes
+    back through the selector as a one-token prefill. Every request completes, and the counters show
+    the selector's decisions carried out: decodes kept, prefills admitted, parked work resumed."""
+    assert set_state(echo_server, {RESET: 1})
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        offline = [pool.submit(generate, echo_server, tokens(1000, 100 + seed), 200, offline=True)
+                   for seed in range(8)]
+        wait_for(lambda: (plugin_state(echo_server)["offline"] or {}).get("running", 0) == 2, "both slots taken")
+        online = [generate(echo_server, tokens(300, 1100 + index), 8, offline=False) for index in range(3)]
+        assert all(future.result()["meta_info"]["completion_tokens"] == 200 for future in offline)
+    assert [len(answer["output_ids"]) for answer in online] == [8, 8, 8]
+    counts = plugin_state(echo_server)["colocation"]["counts"]
+    assert counts.get("slots_reclaimed", 0) > 0, counts
+    assert counts.get("echo_keep_decode", 0) > 0 and counts.get("echo_add_prefill", 0) >= 8, counts
+    assert counts.get("echo_add_resume", 0) > 0, counts

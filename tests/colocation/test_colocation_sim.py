@@ -140,3 +140,61 @@ def test_bursty_arrivals_swing_three_times_between_halves() -> None:
     assert high / low == pytest.approx(BURST_HIGH / BURST_LOW, rel=0.1)
     with pytest.raises(ValueError, match="unknown arrival pattern"):
         arrival_times("weekly", 1.0, 10.0, 10.0, seed=0)
+
+
+class RecordingPolicy:
+    """An offline policy that notes the order in which the engine admits its requests."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.admissions: list[str] = []
+
+    def admitted(self, rids) -> None:
+        rids = list(rids)
+        self.admissions.extend(rids)
+        self.policy.admitted(rids)
+
+    def __getattr__(self, name: str):
+        return getattr(self.policy, name)
+
+
+def shots_and_documents(n: int = 400, seed: int = 0) -> list[SimRequest]:
+    """FCFS order alternating long unique documents and short questions on one of four 1500-token
+    few-shot prefixes (the mix bench/echo_window.py measures)."""
+    rng = random.Random(seed)
+    shots = [(chain_hash("", f"few-shot-{k}"), 1500) for k in range(4)]
+    return [SimRequest(f"doc-{i}", "offline", (), rng.randint(500, 2000), rng.randint(50, 300), 512, False) if i % 2
+            else SimRequest(f"shot-{i}", "offline", (shots[(i // 2) % 4],), rng.randint(20, 100), rng.randint(1, 32),
+                            64, False)
+            for i in range(n)]
+
+
+def run_echo(latency_model: dict, offline: list[SimRequest], **config) -> tuple[ColocatedResult, RecordingPolicy]:
+    controller = ColocationController(ColocationConfig(mode="echo", ttft_slo_s=0.2, tpot_slo_s=0.03,
+                                                       latency_model=latency_model))
+    policy = RecordingPolicy(make_offline_policy("fcfs", MODEL, HARDWARE))
+    engine = ColocatedEngine(NoisyClock(STEP, jitter=0.0), controller, policy,
+                             ColocatedConfig(COST.kv_capacity_tokens(), **config))
+    return engine.run(online_load(), offline, HORIZON_S), policy
+
+
+def test_echo_serves_every_online_request_and_its_selector_decides_each_iteration(latency_model: dict) -> None:
+    arrivals = online_load()
+    result, _ = run_echo(latency_model, offline_pool())
+    assert [timing.tokens for timing in result.online] == [a.request.output_len for a in arrivals]
+    assert result.offline_tokens_per_s() > 0
+    assert result.counts["echo_keep_decode"] > 0 and result.counts["echo_add_prefill"] > 0
+
+
+def test_echo_admits_past_the_policy_order_and_gains_on_it(latency_model: dict) -> None:
+    """With a window of one the selector only ever sees the head of the FCFS order, so it admits in
+    that order; with its window it takes questions on a resident few-shot prefix past earlier long
+    documents, and the same deadlines yield more offline tokens."""
+    offline = shots_and_documents()
+    in_order, head_only = run_echo(latency_model, offline, echo_window=1)
+    selected, chosen = run_echo(latency_model, offline)
+    fcfs = [request.rid for request in offline]
+    assert head_only.admissions == fcfs[:len(head_only.admissions)]
+    assert chosen.admissions != fcfs[:len(chosen.admissions)]
+    assert selected.counts["offline_prefix_hit"] > in_order.counts["offline_prefix_hit"]
+    assert selected.offline_tokens_per_s() > in_order.offline_tokens_per_s()

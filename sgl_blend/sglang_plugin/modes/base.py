@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from sgl_blend.core.colocation import ColocationConfig
+from sgl_blend.core.kv_priority import ReuserIndex
 
 
 class Mode:
@@ -36,6 +37,10 @@ class Mode:
         """SGLang has built its batch: drop the iteration's plan; returns what the iteration
         record should carry about it."""
         return None
+
+    def order_offline(self, waiting_queue: list, tree_cache: Any, reusers: ReuserIndex | None) -> None:
+        """The offline pool has put the waiting queue in its order (online first); a mode that
+        picks offline work itself reorders it here, before SGLang's adder walks it."""
 
     def may_admit(self, req: Any) -> bool | None:
         """Whether the prefill adder may admit this waiting request (None: the mode has no say)."""

@@ -11,8 +11,11 @@ Each iteration, before SGLang builds a batch, the mode turns the scheduler's sta
   take KV from running offline work when they are short of it.
 
 HyGen and Echo differ in the controller (a fixed latency budget against per-request deadlines and
-an online KV reserve) and in Echo's KV priorities, which the radix backend reads through the
-offline pool's reuser counts; the plugin-side calls are the same. A failure switches co-location
+an online KV reserve), in Echo's KV priorities, which the radix backend reads through the
+offline pool's reuser counts, and in who picks the offline work: HyGen admits it in the offline
+policy's order while the budget lasts; Echo's selector (`core.echo_plan`) picks which decodes to
+keep and, once the pool has ordered the waiting queue (`order_offline`), which waiting offline
+requests to admit and in what order, and only those are admitted. A failure switches co-location
 off (logged once) and SGLang schedules on its own; a later ``/set_internal_state`` change starts
 it afresh.
 """
@@ -24,12 +27,13 @@ import time
 from typing import Any, Callable
 
 from sgl_blend.core.colocation import ColocationConfig, IterationPlan
+from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin.guard import guarded
 from sgl_blend.sglang_plugin.modes.base import Mode
 from sgl_blend.sglang_plugin.modes.colocation_engine import (
     ColocationState, add_offline, add_online, iteration_view, offline_newest_first, park_running,
-    release_to_cache, remaining_output,
+    release_to_cache, remaining_output, select_offline,
 )
 
 logger = logging.getLogger(__name__)
@@ -47,10 +51,15 @@ class ColocationMode(Mode):
 
     def _plan(self, scheduler: Any, batch: Any) -> IterationPlan:
         state = self.state
-        plan = state.controller.begin(iteration_view(scheduler, batch))
+        if len(state.parked):
+            state.counts["parked_gone"] += state.parked.forget_missing(req.rid for req in scheduler.waiting_queue)
+        echo = state.controller.config.mode == "echo"
+        plan = state.controller.begin(iteration_view(scheduler, batch, state.parked.pinned_tokens(), shares=echo))
+        if plan.unpin_tokens:
+            state.parked.drop_newest(plan.unpin_tokens)
         preempted = set(plan.preempt)
         park_running(state, scheduler, batch, [req for req in batch.reqs if req.rid in preempted],
-                     "preempted_for_memory")
+                     "preempted_for_memory", pin=False)
         parked = set(plan.park)
         park_running(state, scheduler, batch, [req for req in batch.reqs if req.rid in parked], "parked_for_budget")
         state.plan = plan
@@ -64,7 +73,7 @@ class ColocationMode(Mode):
         if waiting_online:
             chunked = scheduler.chunked_req
             if chunked is not None and is_offline(chunked.routing_key):
-                release_to_cache(state, chunked, scheduler.tree_cache)
+                release_to_cache(state, chunked, scheduler.tree_cache, pin=True)
                 scheduler.chunked_req = None
                 scheduler._add_request_to_queue(chunked, is_retracted=True)
                 state.counts["chunk_slot_reclaimed"] += 1
@@ -75,22 +84,50 @@ class ColocationMode(Mode):
                 park_running(state, scheduler, running_batch, offline_newest_first(running_batch)[:short],
                              "slots_reclaimed")
         self._plan(scheduler, running_batch)
+        chunked = scheduler.chunked_req
+        state.continuing = None
+        if chunked is not None and is_offline(chunked.routing_key):
+            state.continuing = (len(chunked.full_untruncated_fill_ids) - chunked.prefix_len, chunked.prefix_len,
+                                remaining_output(chunked))
+        state.may_truncate = chunked is None and scheduler.chunked_prefill_size is not None
+
+    @guarded("state", FAILED)
+    def order_offline(self, waiting_queue: list, tree_cache: Any, reusers: ReuserIndex | None) -> None:
+        """Echo: pick this prefill pass's offline admissions from the queue the pool ordered."""
+        plan = self.state.plan
+        if plan is not None and plan.echo is not None:
+            select_offline(self.state, waiting_queue, tree_cache, reusers)
+
+    @guarded("state", FAILED)
+    def may_admit(self, req: Any) -> bool | None:
+        """Echo: an offline request the selection left out waits (None: the pool decides)."""
+        plan = self.state.plan
+        if plan is None or plan.echo is None or plan.echo.admit is None or not is_offline(req.routing_key):
+            return None
+        return None if req.rid in plan.echo.admit else False
 
     @guarded("state", FAILED)
     def before_decode(self, scheduler: Any, batch: Any) -> None:
         """The decode iteration's plan; offline decodes give way first when KV runs out."""
         self._plan(scheduler, batch)
+        if not batch.check_decode_mem():
+            self.state.parked.drop_newest(len(batch.reqs))
         while not batch.check_decode_mem():
             victims = offline_newest_first(batch)
             if not victims or len(batch.reqs) == 1:
                 break
-            park_running(self.state, scheduler, batch, victims[:1], "memory_reclaimed")
+            park_running(self.state, scheduler, batch, victims[:1], "memory_reclaimed", pin=False)
 
     @guarded("state", FAILED)
     def end_iteration(self) -> dict[str, Any] | None:
         """What the plan spent, for the iteration record."""
         plan, self.state.plan = self.state.plan, None
-        return plan.summary() if plan is not None else None
+        if plan is None:
+            return None
+        if plan.echo is not None:
+            for kind, count in plan.echo.counts().items():
+                self.state.counts[f"echo_{kind}"] += count
+        return plan.summary()
 
     def note_arrival(self, scheduler: Any, req: Any) -> None:
         """Echo's deadlines count from when an online request first entered the scheduler."""

@@ -7,7 +7,12 @@
 - offline prefill: the prefill adder caps each offline chunk at what the plan's budget allows
   and makes a truncated offline chunk the pass's last admission (SGLang tracks one chunked
   request at a time);
-- online admission: an online request short of KV takes it from running offline work.
+- online admission: an online request short of KV takes it from running offline work;
+- Echo's selection: after the offline pool has ordered the waiting queue, the first offline
+  requests in its order become `OfflineCandidate`s (matched against the radix cache for their
+  resident prefix, counted against the pool's reuser index), the controller picks among them, and
+  the queue is reordered so the picked ones come first, in the selector's order; the adder admits
+  those, each chunk capped by the selection, and stops at the first one not picked.
 
 Nothing here decides; it only translates. `ColocationState` is what the mode keeps between calls.
 """
@@ -21,7 +26,10 @@ from typing import Any, Callable
 from sgl_blend.core.colocation import (
     ColocationConfig, ColocationController, IterationPlan, IterationView, RunningRequest, WaitingOnline,
 )
+from sgl_blend.core.echo_plan import CANDIDATE_WINDOW, OfflineCandidate
+from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.offline import is_offline
+from sgl_blend.sglang_plugin.modes.parked_kv import ParkedKV
 
 KEPT_RESUMES = 256
 
@@ -31,15 +39,20 @@ class ColocationState:
         self.controller = ColocationController(config)
         self.plan: IterationPlan | None = None
         self.counts: Counter[str] = Counter()
-        self.parked: dict[str, int] = {}
+        self.parked = ParkedKV()
         self.resumes: deque[dict[str, Any]] = deque(maxlen=KEPT_RESUMES)
+        # What Echo's selection needs of this prefill pass beyond the plan: the offline chunked
+        # prefill under way (extend, prefix, max new tokens), and whether a new one may start.
+        self.continuing: tuple[int, int, int] | None = None
+        self.may_truncate = False
 
     def snapshot(self) -> dict[str, Any]:
         config = self.controller.config
         return {"mode": config.mode, "latency_budget_s": config.latency_budget_s,
                 "latency_model": (config.latency_model or {}).get("form"),
                 "calibration": round(self.controller.calibration, 4), "counts": dict(self.counts),
-                "parked_now": len(self.parked), "resumes": list(self.resumes)}
+                "parked_now": len(self.parked), "pinned_tokens": self.parked.pinned_tokens(),
+                "dropped_pinned_tokens": self.parked.dropped_tokens, "resumes": list(self.resumes)}
 
 
 def remaining_output(req: Any) -> int:
@@ -50,10 +63,27 @@ def _context(req: Any) -> int:
     return len(req.origin_input_ids) + len(req.output_ids)
 
 
-def iteration_view(scheduler: Any, running_batch: Any) -> IterationView:
+def held_by_others(req: Any) -> int:
+    """Tokens of ``req``'s cached path that another lock also holds (another running request on
+    the prefix, a parked request's pin): they stay resident if ``req`` is preempted. Every lock
+    covers a whole root path, so they are the path from the deepest node locked more than once."""
+    node = getattr(req, "last_node", None)
+    while node is not None and node.parent is not None and getattr(node, "lock_ref", 0) <= 1:
+        node = node.parent
+    held = 0
+    while node is not None and node.parent is not None:
+        held += len(node.key)
+        node = node.parent
+    return held
+
+
+def iteration_view(scheduler: Any, running_batch: Any, parked_tokens: int = 0, shares: bool = False) -> IterationView:
+    """``shares``: fill in what each running offline request shares with other locks (Echo's
+    preemption punishment reads it; HyGen does not, so it is not walked for)."""
     now = time.monotonic()
     running = [RunningRequest(req.rid, not is_offline(req.routing_key), _context(req), remaining_output(req),
-                              getattr(req, "blend_arrival", now), len(req.output_ids))
+                              getattr(req, "blend_arrival", now), len(req.output_ids),
+                              held_by_others(req) if shares and is_offline(req.routing_key) else 0)
                for req in running_batch.reqs if not req.finished()]
     waiting = [WaitingOnline(req.rid, _context(req), remaining_output(req), getattr(req, "blend_arrival", now))
                for req in scheduler.waiting_queue if not is_offline(req.routing_key)]
@@ -62,27 +92,31 @@ def iteration_view(scheduler: Any, running_batch: Any) -> IterationView:
         waiting.append(WaitingOnline(chunked.rid, len(chunked.origin_input_ids) - chunked.prefix_len,
                                      remaining_output(chunked), getattr(chunked, "blend_arrival", now)))
     return IterationView(now, running, waiting, int(scheduler.token_to_kv_pool_allocator.size),
-                         scheduler.chunked_prefill_size)
+                         scheduler.chunked_prefill_size, parked_tokens)
 
 
-def release_to_cache(state: ColocationState, req: Any, tree_cache: Any) -> None:
-    """Retract a request while keeping every token it has computed in the radix cache."""
+def release_to_cache(state: ColocationState, req: Any, tree_cache: Any, pin: bool) -> None:
+    """Retract a request while keeping every token it has computed in the radix cache; with
+    ``pin`` that KV stays out of eviction until the request resumes (`ParkedKV`)."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
     kept = int(req.kv.kv_committed_len)
     release_kv_cache(req, tree_cache, checkpoint=True)
+    state.parked.park(req, tree_cache, kept, pin)
     req.reset_for_retract()
-    state.parked[req.rid] = kept
     state.counts["parked"] += 1
 
 
-def park_running(state: ColocationState, scheduler: Any, batch: Any, reqs: list[Any], reason: str) -> None:
+def park_running(state: ColocationState, scheduler: Any, batch: Any, reqs: list[Any], reason: str,
+                 pin: bool = True) -> None:
+    """Take ``reqs`` out of the running batch back to the waiting queue; ``pin`` (a park, not a
+    preemption for memory) keeps their KV resident."""
     if not reqs:
         return
     chosen = {id(req) for req in reqs}
     keep = [index for index, req in enumerate(batch.reqs) if id(req) not in chosen]
     for req in reqs:
-        release_to_cache(state, req, scheduler.tree_cache)
+        release_to_cache(state, req, scheduler.tree_cache, pin)
         scheduler._add_request_to_queue(req, is_retracted=True)
     batch.filter_batch(keep_indices=keep)
     batch.batch_is_full = False
@@ -105,6 +139,8 @@ def add_offline(state: ColocationState, adder: Any, req: Any, has_chunked_req: b
         return AddReqResult.OTHER
     max_new = remaining_output(req)
     chunk = plan.budget.offline_chunk(extend, req.prefix_len, max_new)
+    if plan.echo is not None and plan.echo.admit is not None:
+        chunk = min(chunk, plan.echo.admit.get(req.rid, 0))
     if chunk <= 0 or (chunk < extend and saved is None):
         state.counts["offline_deferred"] += 1
         return AddReqResult.OTHER
@@ -121,7 +157,7 @@ def add_offline(state: ColocationState, adder: Any, req: Any, has_chunked_req: b
         return result
     truncated = adder.new_chunked_req is req
     plan.budget.commit_offline_prefill(req.extend_end - req.prefix_len, req.prefix_len, not truncated, max_new)
-    kept = state.parked.pop(req.rid, None)
+    kept = state.parked.resumed(req.rid)
     if kept is not None:
         state.resumes.append({"rid": req.rid, "kept_tokens": kept, "resumed_prefix": int(req.prefix_len)})
     if truncated:
@@ -155,9 +191,44 @@ def _reclaim_memory(state: ColocationState, adder: Any, req: Any) -> bool:
     ids = {id(victim) for victim in chosen}
     for victim in chosen:
         adder.memory_budget.total_offset -= adder._get_running_request_total_token_offset(victim)
-        release_to_cache(state, victim, adder.tree_cache)
+        release_to_cache(state, victim, adder.tree_cache, pin=False)
     batch = adder.running_batch
     batch.filter_batch(keep_indices=[i for i, r in enumerate(batch.reqs) if id(r) not in ids])
     adder.preempt_list.extend(chosen)
     state.counts["memory_reclaimed"] += len(chosen)
     return True
+
+
+def offline_candidates(waiting_queue: list, tree_cache: Any, reusers: ReuserIndex | None) -> list[OfflineCandidate]:
+    """The first offline requests of the ordered waiting queue as the selector sees them. Each is
+    matched against the radix cache as SGLang's own LPM ordering does (the adder matches again
+    when it admits), so ``prefix`` is what is resident now."""
+    from sglang.srt.mem_cache.common import match_kv_cache
+
+    candidates = []
+    for req in waiting_queue:
+        if len(candidates) >= CANDIDATE_WINDOW:
+            break
+        if not is_offline(req.routing_key):
+            continue
+        match_kv_cache(req, tree_cache)
+        fill = _context(req)
+        prefix = min(int(req.prefix_len), fill - 1)
+        prompt = req.origin_input_ids
+        shared = reusers.reusers(prompt[:min(prefix, len(prompt))]) - 1 if reusers is not None and prefix else 0
+        candidates.append(OfflineCandidate(req.rid, fill - prefix, prefix, remaining_output(req),
+                                           fresh=not req.retraction_count, reusers=max(shared, 0)))
+    return candidates
+
+
+def select_offline(state: ColocationState, waiting_queue: list, tree_cache: Any, reusers: ReuserIndex | None) -> None:
+    """Run Echo's selection on the ordered waiting queue and put its picks first, in its order."""
+    plan = state.plan
+    offline = [req for req in waiting_queue if is_offline(req.routing_key)]
+    admit = state.controller.choose_offline(plan, offline_candidates(waiting_queue, tree_cache, reusers),
+                                            continuing=state.continuing, truncate=state.may_truncate)
+    if not offline:
+        return
+    by_rid = {req.rid: req for req in offline}
+    online = [req for req in waiting_queue if not is_offline(req.routing_key)]
+    waiting_queue[:] = online + [by_rid[rid] for rid in admit] + [req for req in offline if req.rid not in admit]
