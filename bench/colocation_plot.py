@@ -18,7 +18,7 @@ def latency_figure(columns: int) -> tuple[Any, Any]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(3, columns, figsize=(6 * columns, 9), sharex="col", squeeze=False)
+    return plt.subplots(3, columns, figsize=(max(6 * columns, 11), 9), sharex="col", squeeze=False)
 
 
 def plot_online(axes: Any, column: int, config: str, points: Sequence[dict[str, Any]], marker_size: float) -> None:
@@ -38,6 +38,8 @@ def label_column(axes: Any, column: int, title: str, throughput_label: str, time
     axes[1, column].set_ylabel("mean TBT per request (ms)")
     axes[1, column].set_yscale("log")
     axes[2, column].set_ylabel(throughput_label)
+    axes[2, column].set_yscale("symlog", linthresh=10)  # searched baselines run ~1% of the unbounded rate
+    axes[2, column].set_ylim(bottom=0)
     axes[2, column].set_xlabel(time_label)
 
 
