@@ -333,8 +333,10 @@ class _ColocatedRun:
             chunk = min(active.prefill_left, room)
             chunks.append((active, chunk))
             room -= chunk
-        while self.waiting_online and room > 0 and len(self.running) < self.cfg.max_running:
+        while self.waiting_online and room > 0:
             active = self.waiting_online[0]
+            if len(self.running) >= self.cfg.max_running and not self._free_slot():
+                break
             if not self._start(active):
                 break
             self.waiting_online.pop(0)
@@ -343,11 +345,21 @@ class _ColocatedRun:
             room -= chunk
         return room
 
+    def _free_slot(self) -> bool:
+        """An online request short of a request slot takes one from offline work, newest first
+        (the plugin's ``slots_reclaimed``)."""
+        victims = [a for a in self.running if not a.online]
+        if not victims:
+            return False
+        self._retract(victims[-1])
+        self.counts["slots_reclaimed"] = self.counts.get("slots_reclaimed", 0) + 1
+        return True
+
     def _offline_prefill(self, budget: IterationBudget, room: int, chunks: list[tuple[_Active, int]]) -> None:
         """Offline prompts under way, then new ones in the policy's order, each chunk what the
         plan's budget allows (`IterationBudget.offline_chunk`, as the plugin asks it)."""
         for active in [a for a in self.running if not a.online and a.prefill_left]:
-            room = self._offline_chunk(budget, active, room, chunks)
+            room = self._offline_chunk(budget, active, room, chunks, must_progress=True)
             if room <= 0:
                 return
         if room <= 0 or len(self.running) >= self.cfg.max_running:
@@ -379,7 +391,7 @@ class _ColocatedRun:
         policy's first proposals, admitted in the selector's order, each chunk capped by it."""
         budget = plan.budget
         for active in [a for a in self.running if not a.online and a.prefill_left]:
-            room = self._offline_chunk(budget, active, room, chunks)
+            room = self._offline_chunk(budget, active, room, chunks, must_progress=True)
         slots = self.cfg.max_running - len(self.running)
         free = self._free() + self.cache.evictable - sum(a.held_reserve() for a in self.running)
         window = self.cfg.echo_window
@@ -404,9 +416,12 @@ class _ColocatedRun:
         return OfflineCandidate(active.rid, extend, total - extend, active.reserve(), fresh=active.rid not in self.started)
 
     def _offline_chunk(self, budget: IterationBudget, active: _Active, room: int, chunks: list[tuple[_Active, int]],
-                       cap: int | None = None) -> int:
+                       cap: int | None = None, must_progress: bool = False) -> int:
+        """``must_progress``: a prompt already under way holds its KV, so it gets at least a
+        minimal chunk, as the plugin gives SGLang's chunked request (`chunked_limit`)."""
         prefix = active.context
-        chunk = min(budget.offline_chunk(active.prefill_left, prefix, active.reserve()), room)
+        chunk = min(budget.offline_chunk(active.prefill_left, prefix, active.reserve(), must_progress=must_progress),
+                    room)
         if cap is not None:
             chunk = min(chunk, cap)
         if chunk <= 0:
