@@ -5,7 +5,11 @@
 - A REPLACE hook on ``Scheduler.get_prefill_adder_class`` returns the plugin's `PrefillAdder`
   subclass (`prefill_adder`).
 - AROUND hooks on ``Scheduler._get_new_batch_prefill_raw`` and ``Scheduler.update_running_batch``
-  let the mode plan before SGLang builds a prefill or a decode batch, and drop the plan after.
+  let the mode plan before SGLang builds a prefill or a decode batch, and drop the plan after;
+  the prefill hook passes on the running batch the mode returns (held decodes put back).
+- An AROUND hook on ``Scheduler.is_fully_idle`` keeps SGLang busy while the mode holds decodes
+  out of the running batch (an idle scheduler checks its KV pool for leaks and sleeps), and an
+  AFTER hook on ``Scheduler.abort_request`` frees held decodes, which SGLang's abort cannot see.
 - An AROUND hook on ``Scheduler.run_batch`` keeps the per-iteration record and times the forward;
   an AFTER hook on ``process_batch_result`` reports progress and completions.
 - An AFTER hook on ``Scheduler._add_request_to_queue`` notes when requests first arrive.
@@ -36,7 +40,10 @@ def register_hooks(runtime: PluginRuntime) -> None:
         return result
 
     def around_prefill(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-        runtime.before_prefill(scheduler, kwargs["running_batch"] if "running_batch" in kwargs else args[-1])
+        if "running_batch" in kwargs:
+            kwargs["running_batch"] = runtime.before_prefill(scheduler, kwargs["running_batch"])
+        else:
+            args = (*args[:-1], runtime.before_prefill(scheduler, args[-1]))
         try:
             return original(scheduler, *args, **kwargs)
         finally:
@@ -67,6 +74,13 @@ def register_hooks(runtime: PluginRuntime) -> None:
             runtime.note_arrival(scheduler, req)
         return result
 
+    def around_idle(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> bool:
+        return runtime.idle(original(scheduler, *args, **kwargs))
+
+    def after_abort(result: Any, scheduler: Any, recv_req: Any, *_args: Any, **_kwargs: Any) -> Any:
+        runtime.aborted(scheduler, recv_req)
+        return result
+
     HookRegistry.register(CALC_PRIORITY, calc_priority, HookType.AROUND)
     HookRegistry.register(f"{SCHEDULER}.get_prefill_adder_class", prefill_adder_hook(runtime), HookType.REPLACE)
     HookRegistry.register(f"{SCHEDULER}._get_new_batch_prefill_raw", around_prefill, HookType.AROUND)
@@ -74,4 +88,6 @@ def register_hooks(runtime: PluginRuntime) -> None:
     HookRegistry.register(f"{SCHEDULER}.run_batch", around_run_batch, HookType.AROUND)
     HookRegistry.register(f"{SCHEDULER}.process_batch_result", after_batch_result, HookType.AFTER)
     HookRegistry.register(f"{SCHEDULER}._add_request_to_queue", after_add_to_queue, HookType.AFTER)
+    HookRegistry.register(f"{SCHEDULER}.is_fully_idle", around_idle, HookType.AROUND)
+    HookRegistry.register(f"{SCHEDULER}.abort_request", after_abort, HookType.AFTER)
     register_internal_state_hooks(runtime)

@@ -129,8 +129,18 @@ class PluginRuntime:
             self._record_arrival(scheduler, req)
         self.mode.note_arrival(scheduler, req)
 
-    def before_prefill(self, scheduler: Any, running_batch: Any) -> None:
-        self.mode.before_prefill(scheduler, running_batch)
+    def before_prefill(self, scheduler: Any, running_batch: Any) -> Any:
+        """The running batch SGLang builds its prefill next to: the mode may have put held decodes
+        back into it, or given a new one for an empty one."""
+        return self.mode.before_prefill(scheduler, running_batch) or running_batch
+
+    def idle(self, sglang_idle: bool) -> bool:
+        """SGLang finds nothing to do; it is not idle while the mode holds decodes."""
+        return sglang_idle and not self.mode.holding()
+
+    def aborted(self, scheduler: Any, recv_req: Any) -> None:
+        """SGLang has aborted what it can see of ``recv_req``; held decodes are the mode's."""
+        self.mode.abort_held(scheduler, recv_req.rid, recv_req.abort_all, recv_req.finished_reason)
 
     def before_decode(self, scheduler: Any, batch: Any) -> None:
         self.mode.before_decode(scheduler, batch)

@@ -27,8 +27,10 @@ class Mode:
         """Whether the offline pool should count pending reusers per prefix (Echo's eviction)."""
         return False
 
-    def before_prefill(self, scheduler: Any, running_batch: Any) -> None:
-        """Before SGLang builds a prefill batch next to ``running_batch``."""
+    def before_prefill(self, scheduler: Any, running_batch: Any) -> Any:
+        """Before SGLang builds a prefill batch next to ``running_batch``; returns the running batch
+        SGLang should use instead (held decodes put back into an empty one), or None."""
+        return None
 
     def before_decode(self, scheduler: Any, batch: Any) -> None:
         """Before SGLang decodes ``batch``."""
@@ -54,6 +56,14 @@ class Mode:
 
     def observe_batch(self, batch: Any) -> None:
         """SGLang has processed ``batch``'s result."""
+
+    def holding(self) -> bool:
+        """Whether decodes are held out of the running batch with their KV resident
+        (`held_decodes`): SGLang must not count itself idle then."""
+        return False
+
+    def abort_held(self, scheduler: Any, rid: str, abort_all: bool, finished_reason: Any) -> None:
+        """SGLang's ``abort_request`` has run; held decodes it cannot see are the mode's to free."""
 
     def snapshot(self) -> dict[str, Any]:
         """What ``/server_info`` shows of the mode, keyed as the plugin state's sections."""

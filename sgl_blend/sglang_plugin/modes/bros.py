@@ -1,41 +1,67 @@
-"""BROS inside SGLang's scheduler (``sgl-blend serve --colocation bros``): Alg. 1 chooses admissions.
+"""BROS inside SGLang's scheduler (``sgl-blend serve --colocation bros``): Alg. 1 decides each iteration.
 
-Each time SGLang is about to build a prefill batch, the scheduler's requests are described to
-`sgl_blend.core.bros` -- online requests as real-time (RT), offline ones as best-effort (BE),
-with their arrival, prompt, output so far and the time of their last token -- and Alg. 1 plans
-the iteration with the fitted latency model, the adaptive batch size and the KV pool's free
-slots. The plugin then lets SGLang's prefill adder admit exactly the waiting requests the plan
-chose, in the plan's order (RT by residual time, then BE), and nothing else.
+Online requests are real-time (RT), offline ones best-effort (BE). Each time SGLang is about to
+build a batch, the scheduler's requests -- running, held back and waiting, with their arrival,
+prompt, output so far, time of their last token and tokens checkpointed to host -- are described
+to `sgl_blend.core.bros`, and Alg. 1 plans the iteration with the fitted latency model, the
+adaptive batch size and the KV pool (free slots, and the slots each BE request holds, which an
+RT request may take). The plan is applied to the engine:
 
-What this mode does not do inside the engine (it is modelled in `sgl_blend.sim.bros_engine`
-and the allocator is tested on tensors): SGLang still decodes every running request each
-iteration, so a decode the plan leaves out is not held back, and KV slots come from SGLang's own
-allocator, so RT requests do not take BE slots. The radix cache is switched off in this mode
-(`colocation_launch`), since BROS's KV layout assumes a request owns its slots.
+- running BE decodes the plan leaves out are held back with their KV resident
+  (`held_decodes`); held BE requests the plan takes are put back, their checkpointed KV first
+  restored (`kv_checkpoint`); RT decodes always run;
+- SGLang's prefill adder admits exactly the waiting requests the plan chose, in the plan's order
+  (RT by residual time, then BE);
+- an RT request short of KV -- refused by the adder, or in a decode step that does not fit --
+  takes slots of BE requests, held ones first, checkpointing only the slots it takes
+  (`slot_takeover`), instead of waiting or letting SGLang retract it;
+- an iteration that would run nothing while BE requests are held takes one back (making room
+  from the other held ones if its checkpointed KV does not fit), as Alg. 1 gives an empty batch
+  its most urgent request: otherwise held KV could block everything.
 
-Service metrics (normalized latency, TTFT/TPOT attainment, BE requests/s) are folded in from
-every batch result and reported in ``GET /server_info`` under ``internal_states[].sgl_blend.bros``.
+The slots themselves come from SGLang's allocator, not from the core's bidirectional layout;
+`kv_checkpoint` says why. The radix cache is switched off in this mode (`colocation_launch`),
+since BROS's KV layout assumes a request owns its slots. If the plan fails, the mode switches
+off and gives every held request back to SGLang.
+
+Service metrics (normalized latency, TTFT/TPOT attainment, BE requests/s), the held decodes, the
+checkpoint table and the takeovers are reported in ``GET /server_info`` under
+``internal_states[].sgl_blend.bros``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
 from sgl_blend.core.bros.cost import IterationCost
 from sgl_blend.core.bros.metrics import ServiceMetrics
 from sgl_blend.core.bros.packing import BrosPlan, BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
+from sgl_blend.core.bros.takeover import plan_takeover
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.latency_model import model_from_dict
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin.guard import guarded
+from sgl_blend.sglang_plugin.held_decodes import HeldDecodes, in_flight, resident_tokens
+from sgl_blend.sglang_plugin.kv_checkpoint import KVCheckpoint
 from sgl_blend.sglang_plugin.modes.base import Mode
+from sgl_blend.sglang_plugin.slot_takeover import SlotTakeover
 
 logger = logging.getLogger(__name__)
 FAILED = "sgl-blend bros scheduling failed; falling back to SGLang's own scheduling"
+HELD_FAILED = "sgl-blend could not give held decodes back to SGLang"
+
+
+def best_effort(req: Any) -> bool:
+    return is_offline(req.routing_key)
+
+
+def free_slots(scheduler: Any) -> int:
+    """Slots a request can get now: free ones, and cached ones the radix cache would evict."""
+    return int(scheduler.token_to_kv_pool_allocator.available_size() + scheduler.tree_cache.evictable_size())
 
 
 class BrosState:
@@ -54,25 +80,27 @@ class BrosState:
         return {"metrics": self.metrics.summary(time.monotonic()), "batch_size": self.batch_size.current, "plans": self.plans,
                 "last_plan": self.last_plan, "average_iteration_s": round(self.average_iteration_s, 6)}
 
-    def request(self, req: Any, now: float, waiting: bool) -> BrosRequest:
+    def request(self, req: Any, now: float, waiting: bool, host_tokens: int) -> BrosRequest:
         """The core's view of an engine request. One in the waiting queue with output already was
         retracted by SGLang and recomputes prompt and output as one prefill."""
         produced, last = self.tokens.get(req.rid, (0, None))
-        return BrosRequest(req.rid, not is_offline(req.routing_key), getattr(req, "blend_arrival", now),
+        return BrosRequest(req.rid, not best_effort(req), getattr(req, "blend_arrival", now),
                            max(len(req.origin_input_ids), 1), generated=produced, last_token_at=last,
-                           dropped=waiting and produced > 0)
+                           host_tokens=host_tokens, dropped=waiting and produced > 0)
 
-    def plan_iteration(self, scheduler: Any, running_batch: Any) -> BrosPlan:
-        """Rebuild the running set from the engine's requests and run Alg. 1 once."""
+    def plan_iteration(self, scheduler: Any, running: list[Any], held: list[Any],
+                       host_tokens: Callable[[str], int]) -> BrosPlan:
+        """Rebuild the request set from the engine's requests and run Alg. 1 once."""
         now = time.monotonic()
         bros = BrosScheduler(self.cost, self.slo, self.batch_size)
         bros.average_iteration_s = self.average_iteration_s
         waiting = {req.rid for req in scheduler.waiting_queue}
-        requests = [self.request(req, now, req.rid in waiting)
-                    for req in [*running_batch.reqs, *scheduler.waiting_queue] if not req.finished()]
+        engine = [req for req in [*running, *held, *scheduler.waiting_queue] if not req.finished()]
+        requests = [self.request(req, now, req.rid in waiting, host_tokens(req.rid)) for req in engine]
         for request in sorted(requests, key=lambda r: (r.prefilled, r.arrival)):
             bros.submit(request)
-        plan = bros.plan(now, MemoryState(int(scheduler.token_to_kv_pool_allocator.available_size())))
+        resident = {req.rid: resident_tokens(req) for req in [*running, *held] if best_effort(req) and not req.finished()}
+        plan = bros.plan(now, MemoryState(free_slots(scheduler), best_effort_resident=resident))
         self.admit = {request.rid: position for position, request in enumerate(plan.requests) if request.rid in waiting}
         self.last_plan = plan.summary()
         self.plans += 1
@@ -86,29 +114,94 @@ class BrosMode(Mode):
     def __init__(self, config: ColocationConfig) -> None:
         super().__init__(config)
         self.state: BrosState | None = None
-        self._started = False
+        self.held: HeldDecodes | None = HeldDecodes()
+        self.checkpoint = KVCheckpoint()
+        self.takeover = SlotTakeover(self.held, self.checkpoint, best_effort)
+        self.scheduler: Any = None
+        self._forward_ct = -1
+        self.counts = {"held_by_plan": 0, "empty_batch_resumes": 0}
         # A warning, so it shows before SGLang has configured logging in the scheduler process.
-        logger.warning("sgl-blend bros mode: Alg. 1 admission by residual time and an adaptive batch size; "
-                       "the radix cache is disabled in this mode (each request owns its KV slots)")
+        logger.warning("sgl-blend bros mode: Alg. 1 by residual time with an adaptive batch size; BE decodes left "
+                       "out are held with their KV resident, RT requests short of KV take BE slots (checkpointed "
+                       "to host); the radix cache is disabled in this mode (each request owns its KV slots)")
 
     def _start(self, scheduler: Any) -> None:
-        if self._started:
+        if self.scheduler is not None:
             return
-        self._started = True
+        self.scheduler = scheduler
         try:
             self.state = BrosState(self.config, int(scheduler.max_running_requests))
         except Exception:
             logger.exception("sgl-blend bros mode could not start; SGLang schedules on its own")
 
-    def before_prefill(self, scheduler: Any, running_batch: Any) -> None:
+    def before_prefill(self, scheduler: Any, running_batch: Any) -> Any:
         self._start(scheduler)
-        self._plan_and_order(scheduler, running_batch)
+        planned = self._plan_and_apply(scheduler, running_batch)
+        return planned if planned is not None else self._give_back(scheduler, running_batch)
 
     @guarded("state", FAILED)
-    def _plan_and_order(self, scheduler: Any, running_batch: Any) -> None:
-        self.state.plan_iteration(scheduler, running_batch)
+    def _plan_and_apply(self, scheduler: Any, running_batch: Any) -> Any:
+        held = self.held
+        held.sweep()
+        self.checkpoint.forget(req.rid for req in held.requests())
+        plan = self.state.plan_iteration(scheduler, list(running_batch.reqs), held.requests(),
+                                         self.checkpoint.host_tokens)
+        chosen = [request.rid for request in plan.best_effort]
+        keep = set(chosen)
+        left_out = [req for req in running_batch.reqs if best_effort(req) and req.rid not in keep]
+        self.counts["held_by_plan"] += len(held.hold(scheduler, running_batch, left_out))
+        running_batch = self._resume(scheduler, running_batch, [held.get(rid) for rid in chosen if rid in held])
+        if running_batch.is_empty() and held.any() and self._stalled(scheduler):
+            running_batch = self._resume_one(scheduler, running_batch)
+        self._forward_ct = scheduler.forward_ct
         order = self.state.admit
         scheduler.waiting_queue.sort(key=lambda req: order.get(req.rid, len(order)))
+        return running_batch
+
+    def _stalled(self, scheduler: Any) -> bool:
+        """Nothing decodes while requests are held, and nothing else will run: the plan admits no
+        one, or what it admitted last time did not run (SGLang's adder refused it)."""
+        return not self.state.admit or scheduler.forward_ct == self._forward_ct
+
+    def _resume(self, scheduler: Any, running_batch: Any, reqs: list[Any]) -> Any:
+        """Put ``reqs`` back into the running batch, each once its checkpointed KV is restored."""
+        ready = [req for req in reqs if self.held.resumable(scheduler, req) or self._restorable(scheduler, req)]
+        return self.held.resume(scheduler, running_batch, ready)
+
+    def _restorable(self, scheduler: Any, req: Any) -> bool:
+        return (self.checkpoint.host_tokens(req.rid) > 0 and not req.finished()
+                and self.checkpoint.restore(scheduler, req) and self.held.resumable(scheduler, req))
+
+    def _resume_one(self, scheduler: Any, running_batch: Any) -> Any:
+        """Take back the held request with the least KV on host, making room from the other held
+        ones when its KV does not fit (Alg. 1: an empty batch takes its most urgent request)."""
+        flying = in_flight(scheduler)
+        candidates = [req for req in self.held.requests() if not req.finished() and id(req) not in flying]
+        if not candidates:
+            return running_batch
+        req = min(candidates, key=lambda r: self.checkpoint.host_tokens(r.rid))
+        missing = self.checkpoint.host_tokens(req.rid) - free_slots(scheduler)
+        others = {other.rid: resident_tokens(other) for other in self.held.requests()
+                  if other is not req and not other.finished()}
+        for take in plan_takeover(missing, others, {}):
+            self.checkpoint.take(scheduler, self.held.get(take.rid), take.tokens)
+        resumed = self._resume(scheduler, running_batch, [req])
+        self.counts["empty_batch_resumes"] += not resumed.is_empty()
+        return resumed
+
+    @guarded("held", HELD_FAILED)
+    def _give_back(self, scheduler: Any, running_batch: Any) -> Any:
+        """The plan is off: every held request goes back to SGLang as soon as it can."""
+        self.held.sweep()
+        self.checkpoint.forget(req.rid for req in self.held.requests())
+        return self._resume(scheduler, running_batch, self.held.requests())
+
+    def before_decode(self, scheduler: Any, batch: Any) -> None:
+        self._decode_room(scheduler, batch)
+
+    @guarded("state", FAILED)
+    def _decode_room(self, scheduler: Any, batch: Any) -> None:
+        self.takeover.decode(scheduler, batch)
 
     @guarded("state", FAILED)
     def end_iteration(self) -> None:
@@ -118,6 +211,19 @@ class BrosMode(Mode):
     def may_admit(self, req: Any) -> bool | None:
         """Whether the plan admits this waiting request (None: no plan, SGLang decides)."""
         return None if self.state.admit is None else req.rid in self.state.admit
+
+    def admit(self, adder: Any, req: Any, has_chunked_req: bool, add: Callable[[], Any]) -> Any:
+        """An RT request the adder refuses for want of KV takes it from BE requests."""
+        if self.state is None or best_effort(req):
+            return add()
+        try:
+            return self.takeover.admit(self.scheduler, adder, req, add)
+        except Exception:
+            from sglang.srt.managers.schedule_policy import AddReqResult
+
+            logger.exception(FAILED)
+            self.state = None
+            return AddReqResult.OTHER
 
     def note_arrival(self, scheduler: Any, req: Any) -> None:
         """Every new request, online or offline: its arrival starts its TTFT clock."""
@@ -130,7 +236,7 @@ class BrosMode(Mode):
 
     @guarded("state", FAILED)
     def _note(self, req: Any) -> None:
-        self.state.metrics.arrived(req.rid, not is_offline(req.routing_key), req.blend_arrival)
+        self.state.metrics.arrived(req.rid, not best_effort(req), req.blend_arrival)
 
     @guarded("state", FAILED)
     def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
@@ -151,5 +257,20 @@ class BrosMode(Mode):
                 state.metrics.finished(req.rid, now)
                 state.tokens.pop(req.rid, None)
 
+    def holding(self) -> bool:
+        return self.held is not None and self.held.any()
+
+    @guarded("held", HELD_FAILED)
+    def abort_held(self, scheduler: Any, rid: str, abort_all: bool, finished_reason: Any) -> None:
+        self.held.abort(scheduler, rid, abort_all, finished_reason)
+
     def snapshot(self) -> dict[str, Any]:
-        return {"bros": self.state.snapshot() if self.state is not None else None}
+        """The plan's state, and where the KV is: free slots of the pool (``kv_free`` of
+        ``kv_total``), held requests' resident slots (``held``), checkpointed tokens on host
+        (``checkpoint``)."""
+        if self.state is None:
+            return {"bros": None}
+        allocator = self.scheduler.token_to_kv_pool_allocator
+        return {"bros": {**self.state.snapshot(), "held": self.held.snapshot() if self.held is not None else None,
+                         "checkpoint": self.checkpoint.snapshot(), "takeover": {**self.takeover.counts, **self.counts},
+                         "kv_free": int(allocator.available_size()), "kv_total": int(allocator.size)}}
