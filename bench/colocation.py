@@ -24,7 +24,8 @@ Configurations (SLO: P99 TTFT and P99 TBT within ``--tolerance``, 25%, of online
   same references, ``k`` searched -- the mode reads its SLOs at start, so each ``k`` is a fresh server;
 - sglang-priority-searched: SGLang's own ``--enable-priority-scheduling --schedule-policy fcfs``
   (online high priority, offline low, no mixed chunks), offline requests at a fixed rate, searched;
-- sglang-priority-unbounded: the same server with a closed offline loop (reference row).
+- sglang-priority-unbounded and sglang-priority-online-only: the same server with a closed
+  offline loop, and with no offline work (reference rows).
 
 Every search is the core SLO search (`core.slo_search.search_budget`, log bisection) on a tuning
 trace (another seed) against that trace's online-only run; the table is a fresh evaluation trace
@@ -35,7 +36,7 @@ Budget. A replay is ``--duration`` seconds of online arrivals plus the time the 
 (and 2 s of offline warm-up). A search costs ``2 + steps`` replays, ``steps = steps_for(low, high,
 --resolution)`` (with the defaults: 1 step for the budget and for ``k``, 2 for rates), and each
 searched configuration one evaluation replay more. Per load: 2 references, 5 searches of 3-4
-trials, 5 evaluations and the unbounded run -- about 24 replays; with 30 s traces about 14 minutes
+trials, 5 evaluations and the 2 reference rows -- about 25 replays; with 30 s traces about 14 minutes
 a load, 3 loads about 45 minutes including the servers' starts (BROS: one per ``k`` tried).
 ``--quick`` (one load, 15 s traces, no bisection steps) is a smoke run of about 10 minutes.
 
@@ -58,7 +59,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from bench.colocation_judge import (
-    BASELINE, CONFIGS, KNOB_NAMES, SEARCHED, markdown_goal, markdown_knobs, markdown_table, table, targets,
+    BASELINE, CONFIGS, KNOB_NAMES, markdown_goal, markdown_knobs, markdown_table, table, targets,
 )
 from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
 from sgl_blend.core.colocation import ColocationConfig
@@ -78,6 +79,9 @@ RESULTS = Path(__file__).parent / "results"
 SLO_METRICS = ("ttft_p99", "tbt_p99")
 ONLINE_PRIORITY, OFFLINE_PRIORITY = 100, 0
 THROUGHPUT_BIN_S = 5.0
+# Before each replay: no batch for 1 s (the scheduler sleeps when idle, so the record stops), at
+# most 180 s (64 leftover offline requests of <= 128 tokens drain well within it on this CPU).
+IDLE_QUIET_S, IDLE_TIMEOUT_S = 1.0, 180.0
 PATTERN = "poisson"
 TUNE_SEED, EVAL_SEED = 1, 2
 
@@ -113,12 +117,43 @@ class Engine:
     server: ServerProcess
     records: Path
 
-    def busy_s(self, start: float, end: float) -> float:
-        """Forward time of the batches that ended in ``[start, end]`` (wall clock)."""
+    def last_batch_at(self) -> float | None:
+        """Wall time the last recorded batch ended (None: none yet)."""
+        if not self.records.exists() or not self.records.stat().st_size:
+            return None
+        with self.records.open("rb") as handle:
+            handle.seek(max(self.records.stat().st_size - 4096, 0))
+            tail = handle.read().decode(errors="replace").strip().splitlines()
+        for line in reversed(tail):
+            try:
+                return float(json.loads(line)["wall"])
+            except (ValueError, KeyError):
+                continue
+        return None
+
+    def wait_idle(self, quiet_s: float, timeout_s: float) -> float:
+        """Wait until no batch has run for ``quiet_s``: the previous trial's offline requests (a
+        client that stops does not stop the ones the server already runs) must not load the next
+        one. Returns the seconds waited (``timeout_s`` at most)."""
+        started = time.time()
+        while time.time() - started < timeout_s:
+            last = self.last_batch_at()
+            if last is None or time.time() - last >= quiet_s:
+                break
+            time.sleep(quiet_s / 4)
+        return time.time() - started
+
+    def size(self) -> int:
+        return self.records.stat().st_size if self.records.exists() else 0
+
+    def busy_s(self, start: float, end: float, offset: int = 0) -> float:
+        """Forward time of the batches that ended in ``[start, end]`` (wall clock), reading the
+        records from byte ``offset`` on (where they stood before the replay)."""
         if not self.records.exists():
             return 0.0
         busy = 0.0
         with self.records.open() as handle:
+            handle.seek(offset)
             for line in handle:
                 record = json.loads(line)
                 if start <= record.get("wall", 0.0) <= end:
@@ -153,6 +188,8 @@ def run_trial(engine: Engine, trace: Sequence[OnlineRequest], lines: Sequence[Ba
                                                         priority=ONLINE_PRIORITY if priority else None)
         return timings, throughput, offline
 
+    drained_s = engine.wait_idle(IDLE_QUIET_S, IDLE_TIMEOUT_S)
+    offset = engine.size()
     try:
         timings, throughput, offline = asyncio.run(go())
     except Exception as error:  # noqa: BLE001 -- any failure of a replay is a failed run, reported
@@ -161,7 +198,7 @@ def run_trial(engine: Engine, trace: Sequence[OnlineRequest], lines: Sequence[Ba
                 "failed": f"{type(error).__name__}: {error}", "series": {"online": [], "offline_tokens": []}}
     start = throughput.pop("start")
     wall_start = time.time() - (time.perf_counter() - start)
-    busy = engine.busy_s(wall_start, wall_start + throughput["window_s"])
+    busy = engine.busy_s(wall_start, wall_start + throughput["window_s"], offset)
     series = {
         "online": [{"t": round(timing.sent_at - start, 3), "ttft": timing.ttft,
                     "tbt": (sum(timing.gaps) / len(timing.gaps)) if timing.gaps else None} for timing in timings],
@@ -169,7 +206,8 @@ def run_trial(engine: Engine, trace: Sequence[OnlineRequest], lines: Sequence[Ba
                            if at >= start],
     }
     return {**summarize(timings), **throughput, "utilisation": busy / throughput["window_s"],
-            "offline_errors": offline.errors if offline else 0, "series": series}
+            "offline_errors": offline.errors if offline else 0, "waited_idle_s": round(drained_s, 1),
+            "series": series}
 
 
 def slo_targets(reference: dict[str, Any]) -> list[SLO]:
@@ -299,6 +337,9 @@ def priority_runs(args: argparse.Namespace, loads: list[Load], lines: list[Batch
             cells[index]["search"][BASELINE] = search
             cells[index]["runs"][BASELINE] = at_rate(search["value"], load.evaluation)
             cells[index]["runs"]["sglang-priority-unbounded"] = at_rate(None, load.evaluation)
+            cells[index]["runs"]["sglang-priority-online-only"] = run_trial(engine, load.evaluation, None,
+                                                                            concurrency=args.concurrency,
+                                                                            priority=True)
 
 
 def bros_runs(args: argparse.Namespace, loads: list[Load], lines: list[BatchLine], work: Path,

@@ -16,7 +16,10 @@ from typing import Any
 MODES = ("hygen", "echo", "bros")
 BASELINE = "sglang-priority-searched"
 SEARCHED = (*MODES, "hygen-star", BASELINE)
-CONFIGS = ("online-only", *SEARCHED, "sglang-priority-unbounded")
+# Reference rows: the priority engine with its whole offline load, and with none (how far its own
+# batching -- no mixed chunks -- is from the SLO before any offline work).
+REFERENCES = ("sglang-priority-unbounded", "sglang-priority-online-only")
+CONFIGS = ("online-only", *SEARCHED, *REFERENCES)
 KNOB_NAMES = {"hygen": "latency budget (s)", "echo": "SLO scale k", "bros": "SLO scale k",
               "hygen-star": "offline rate (req/s)", BASELINE: "offline rate (req/s)"}
 GOAL_RATIO = 1.3

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 CONFIG_COLORS = {"online-only": "black", "hygen": "tab:blue", "echo": "tab:purple", "bros": "tab:red",
                  "hygen-star": "tab:orange", "sglang-priority-searched": "tab:green",
-                 "sglang-priority-unbounded": "tab:olive"}
+                 "sglang-priority-unbounded": "tab:olive", "sglang-priority-online-only": "tab:gray"}
 
 
 def latency_figure(columns: int) -> tuple[Any, Any]:

@@ -24,7 +24,8 @@ cap and KV capacity:
 - sglang-priority-searched: SGLang's priority scheduling -- online first, no mixed chunks (an
   iteration that prefills decodes nothing), SGLang's LPM offline order -- with its offline
   release rate searched. This is the baseline the goal is judged against.
-- sglang-priority-unbounded: the same with the whole pool released at once (reference row only).
+- sglang-priority-unbounded and sglang-priority-online-only: the same engine with the whole pool
+  released at once, and with no offline work (reference rows only).
 
 Every search is the core SLO search (`core.slo_search.search_budget`, log bisection) on a tuning
 trace (another seed of the same arrival process and rate) against that trace's own online-only
@@ -51,7 +52,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.colocation_judge import (
-    BASELINE, CONFIGS, KNOB_NAMES, SEARCHED, markdown_goal, markdown_knobs, markdown_table, table, targets,
+    BASELINE, CONFIGS, KNOB_NAMES, REFERENCES, SEARCHED, markdown_goal, markdown_knobs, markdown_table, table, targets,
 )
 from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
 from bench.load_picker import pick_rate
@@ -152,7 +153,7 @@ def simulate(setup: Setup, arrivals: Sequence[OnlineArrival], config: str, value
     else:
         colocation = ColocationConfig(mode="hygen", latency_budget_s=value if config == "hygen" else None,
                                       latency_model=setup.latency_model)
-    offline: list[SimRequest] = [] if config == "online-only" else setup.offline
+    offline: list[SimRequest] = [] if config.endswith("online-only") else setup.offline
     if config.startswith("sglang-priority"):
         policy = SGLangLPMPolicy(setup.cost, seed=seed)
     elif config == "hygen-star":
@@ -194,7 +195,7 @@ def run_config(setup: Setup, arrivals: Sequence[OnlineArrival], config: str, val
     """`measured` of one simulation. A run the engine gives up on (it raises when online work can
     no longer be served) counts as missing every SLO, with the reason kept, so one stuck
     configuration neither stops the bench nor passes a search."""
-    pool = 0 if config == "online-only" else len(setup.offline)
+    pool = 0 if config.endswith("online-only") else len(setup.offline)
     try:
         return measured(simulate(setup, arrivals, config, value, seed, reference), pool, series)
     except RuntimeError as error:
@@ -248,8 +249,8 @@ def cell(task: tuple[str, float, float]) -> dict[str, Any]:
     for config in SEARCHED:
         runs[config] = run_config(setup, evaluation, config, searches[config]["value"], EVAL_SEED, tune_reference,
                                   series=True)
-    runs["sglang-priority-unbounded"] = run_config(setup, evaluation, "sglang-priority-unbounded", None, EVAL_SEED,
-                                                   None, series=True)
+    for config in REFERENCES:
+        runs[config] = run_config(setup, evaluation, config, None, EVAL_SEED, None, series=True)
     slos = [SLO(metric, runs["online-only"][metric]) for metric in args.slo]
     for run in runs.values():
         run["slos_violated"] = violations(run, slos, args.tolerance)

@@ -150,3 +150,17 @@ def test_the_cpu_bench_reads_utilisation_from_the_schedulers_records(tmp_path) -
     assert engine.busy_s(102.0, 105.0) == pytest.approx(0.4)  # the batches that ended at 102..105
     assert engine.busy_s(200.0, 300.0) == 0.0
     assert Engine(server=None, records=tmp_path / "none.jsonl").busy_s(0.0, 1.0) == 0.0
+
+
+def test_the_cpu_bench_waits_for_the_previous_trials_batches_to_stop(tmp_path) -> None:
+    import time
+
+    from bench.colocation import Engine
+
+    records = tmp_path / "records.jsonl"
+    engine = Engine(server=None, records=records)
+    assert engine.last_batch_at() is None and engine.wait_idle(1.0, 5.0) < 1.0
+    records.write_text(json.dumps({"forward_s": 0.1, "wall": time.time()}) + "\n")
+    assert engine.wait_idle(0.2, 5.0) >= 0.1  # the last batch ended just now: it waits for the quiet time
+    records.write_text(json.dumps({"forward_s": 0.1, "wall": time.time() - 10}) + "\n")
+    assert engine.wait_idle(1.0, 5.0) < 0.5
