@@ -20,7 +20,7 @@ Configurations (SLO: P99 TTFT and P99 TBT within ``--tolerance``, 25%, of online
 - hygen-star: the same server without a budget, offline requests at a fixed rate; rate searched;
 - echo: a server in Echo mode; its TTFT/TPOT deadlines and idle cap are ``k`` times the tuning
   trace's online-only P99 TTFT / P99 TBT, ``k`` searched (moved on the live server);
-- bros: a server in BROS mode (no radix cache, as that mode runs); its RT SLOs are ``k`` times the
+- bros: a server in BROS mode (no radix cache, as that mode runs); its RT SLOs and idle cap are ``k`` times the
   same references, ``k`` searched -- the mode reads its SLOs at start, so each ``k`` is a fresh server;
 - sglang-priority-searched: SGLang's own ``--enable-priority-scheduling --schedule-policy fcfs``
   (online high priority, offline low, no mixed chunks), offline requests at a fixed rate, searched;
@@ -236,10 +236,11 @@ def engine_args(args: argparse.Namespace) -> list[str]:
     return ["--max-total-tokens", str(args.kv_tokens), "--chunked-prefill-size", str(args.chunk)]
 
 
-def slo_scaled(value: float, reference: dict[str, Any], idle: bool) -> dict[str, float]:
-    """Echo's (``idle``: with its idle cap) and BROS's SLO settings: ``value`` times the references."""
-    settings = {"ttft_slo_s": value * reference["ttft_p99"], "tpot_slo_s": value * reference["tbt_p99"]}
-    return {**settings, "idle_budget_s": value * reference["tbt_p99"]} if idle else settings
+def slo_scaled(value: float, reference: dict[str, Any]) -> dict[str, float]:
+    """Echo's and BROS's SLO settings: ``value`` times the references; both cap an iteration no
+    online deadline bounds at the TPOT deadline (the same knob for both)."""
+    tpot = value * reference["tbt_p99"]
+    return {"ttft_slo_s": value * reference["ttft_p99"], "tpot_slo_s": tpot, "idle_budget_s": tpot}
 
 
 @dataclass
@@ -308,13 +309,13 @@ def echo_runs(args: argparse.Namespace, loads: list[Load], lines: list[BatchLine
               cells: dict[int, dict[str, Any]]) -> None:
     """The Echo-mode server; its SLO settings move between replays (``k`` times the references)."""
     model = load_model(args.latency_model).to_dict()
-    first = slo_scaled(1.0, loads[0].tune_reference, idle=True)
+    first = slo_scaled(1.0, loads[0].tune_reference)
     settings = PluginSettings(offline_policy="psm", psm_utility=args.utility,
                               colocation=ColocationConfig(mode="echo", latency_model=model, **first))
     with serving("echo", args, colocation_launch(settings, engine_args(args)), settings, work) as engine:
         for index, load in enumerate(loads):
             def at_scale(k: float, trace: Sequence[OnlineRequest]) -> dict[str, Any]:
-                set_colocation(engine.server.base_url, slo_scaled(k, load.tune_reference, idle=True))
+                set_colocation(engine.server.base_url, slo_scaled(k, load.tune_reference))
                 return run_trial(engine, trace, lines, concurrency=args.concurrency)
 
             search = searched("echo", lambda k: at_scale(k, load.tune), slo_targets(load.tune_reference),
@@ -350,7 +351,7 @@ def bros_runs(args: argparse.Namespace, loads: list[Load], lines: list[BatchLine
     for index, load in enumerate(loads):
         def at_scale(k: float, trace: Sequence[OnlineRequest]) -> dict[str, Any]:
             settings = PluginSettings(offline_policy=OFF, colocation=ColocationConfig(
-                mode="bros", latency_model=model, **slo_scaled(k, load.tune_reference, idle=False)))
+                mode="bros", latency_model=model, **slo_scaled(k, load.tune_reference)))
             try:
                 with serving(f"bros-{index}", args, colocation_launch(settings, engine_args(args)), settings,
                              work) as engine:

@@ -19,7 +19,8 @@ cap and KV capacity:
   ``k`` times the tuning trace's online-only P99 TTFT (TTFT deadline) and P99 TBT (TPOT deadline
   and idle-iteration cap), with ``k`` searched.
 - bros: `sim.bros_colocation` -- BROS's scheduler and bidirectional KV on the same clock, online
-  as RT, offline as BE; its RT SLOs are ``k`` times the same references, ``k`` searched.
+  as RT, offline as BE; its RT SLOs and idle-iteration cap are ``k`` times the same references,
+  ``k`` searched.
 - hygen-star: online first, mixed chunks, offline released at a fixed rate, rate searched.
 - sglang-priority-searched: SGLang's priority scheduling -- online first, no mixed chunks (an
   iteration that prefills decodes nothing), SGLang's LPM offline order -- with its offline
@@ -126,11 +127,12 @@ def online_arrivals(setup: Setup, pattern: str, rate: float, seed: int) -> list[
 
 
 def slo_settings(config: str, value: float, reference: dict[str, Any]) -> dict[str, float]:
-    """Echo's and BROS's SLO settings in seconds: ``value`` (k) times the online-only P99s."""
+    """Echo's and BROS's SLO settings in seconds: ``value`` (k) times the online-only P99s; both
+    cap an iteration no online deadline bounds at the TPOT deadline (the same knob for both)."""
     ttft, tbt = value * reference["ttft_p99"], value * reference["tbt_p99"]
     if config == "echo":
         return {"ttft_slo_s": ttft, "tpot_slo_s": tbt, "idle_budget_s": tbt}
-    return {"ttft_s": ttft, "tpot_s": tbt}
+    return {"ttft_s": ttft, "tpot_s": tbt, "idle_s": tbt}
 
 
 def simulate(setup: Setup, arrivals: Sequence[OnlineArrival], config: str, value: float | None = None,

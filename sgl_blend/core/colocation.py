@@ -58,8 +58,8 @@ class ColocationConfig:
     plugin's settings (`sgl_blend.sglang_plugin.settings`).
 
     ``latency_budget_s`` is HyGen's per-iteration budget (None: no time cap, memory only).
-    ``ttft_slo_s``/``tpot_slo_s`` are Echo's deadlines, and ``idle_budget_s`` its cap on an
-    iteration with no online request. ``latency_model`` is a fitted model's ``to_dict``.
+    ``ttft_slo_s``/``tpot_slo_s`` are Echo's and BROS's deadlines, and ``idle_budget_s`` their cap
+    on an iteration no online deadline bounds. ``latency_model`` is a fitted model's ``to_dict``.
     ``calibration_alpha`` weighs each measured batch in the running measured/predicted ratio
     that scales predictions (0 keeps the fitted model as it is).
     """

@@ -31,8 +31,12 @@ def add_colocation_arguments(parser: argparse.ArgumentParser) -> None:
                        help="which fitted form to use (default: the file's best on held-out batches)")
     group.add_argument("--slo-file", type=Path, default=None,
                        help="a `sgl-blend tune-slo` result: its budget and latency model")
-    group.add_argument("--ttft-slo-ms", type=float, default=None, help="echo: time-to-first-token deadline")
-    group.add_argument("--tpot-slo-ms", type=float, default=None, help="echo: time-per-output-token deadline")
+    group.add_argument("--ttft-slo-ms", type=float, default=None, help="echo and bros: time-to-first-token deadline")
+    group.add_argument("--tpot-slo-ms", type=float, default=None,
+                       help="echo and bros: time-per-output-token deadline")
+    group.add_argument("--idle-budget-ms", type=float, default=None,
+                       help="echo and bros: longest iteration while no online deadline bounds it (an online "
+                            "request that arrives waits for the iteration under way); default unbounded")
     group.add_argument("--psm-utility", type=float, default=None,
                        help="with --offline-policy psm: probability of taking the prefix-sharing order over "
                             "the oldest request (HyGen's anti-starvation utility u; default 0.9)")
@@ -57,7 +61,8 @@ def colocation_config(args: argparse.Namespace) -> ColocationConfig:
         except (OSError, ValueError) as error:
             raise ValueError(f"cannot use --latency-model {args.latency_model}: {error}") from None
     for key, value in (("mode", args.colocation), ("latency_budget_s", _seconds(args.latency_budget_ms)),
-                       ("ttft_slo_s", _seconds(args.ttft_slo_ms)), ("tpot_slo_s", _seconds(args.tpot_slo_ms))):
+                       ("ttft_slo_s", _seconds(args.ttft_slo_ms)), ("tpot_slo_s", _seconds(args.tpot_slo_ms)),
+                       ("idle_budget_s", _seconds(args.idle_budget_ms))):
         if value is not None:
             settings[key] = value
     if settings.get("latency_budget_s") is not None and "mode" not in settings:

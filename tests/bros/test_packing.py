@@ -59,6 +59,18 @@ def test_without_realtime_requests_best_effort_fills_the_batch_and_it_doubles() 
     assert len(bros.plan(0.05, PLENTY).best_effort) == 8
 
 
+def test_without_realtime_requests_the_idle_cap_bounds_the_batch_but_never_empties_it() -> None:
+    cost = IterationCost(LinearLatencyModel("bros", COEFFICIENTS))
+    bros = BrosScheduler(cost, SLO(ttft_s=0.4, tpot_s=0.2, idle_s=0.003), AdaptiveBatchSize(64, 64))
+    for i in range(4):
+        bros.submit(BrosRequest(f"be{i}", False, arrival=0.0, prompt_len=8))  # 1 ms + 0.8 ms per prompt
+    plan = bros.plan(0.0, PLENTY)
+    assert [r.rid for r in plan.best_effort] == ["be0", "be1"] and plan.budget_s == 0.003
+    long_prompt = BrosScheduler(cost, SLO(idle_s=0.003), AdaptiveBatchSize(64, 64))
+    long_prompt.submit(BrosRequest("long", False, arrival=0.0, prompt_len=500))  # 51 ms alone
+    assert [r.rid for r in long_prompt.plan(0.0, PLENTY).best_effort] == ["long"]
+
+
 def test_realtime_requests_run_most_urgent_first_within_the_budget() -> None:
     bros = scheduler()
     # Pending decodes due at 0.2 + last token; the waiting prefill is due at 0.4.

@@ -17,46 +17,6 @@ from sgl_blend.core.latency_model import (
 from sgl_blend.measure.latency_profile import format_report, latency_grid
 
 
-def random_shapes(count: int, seed: int = 0) -> list[BatchShape]:
-    """Prefill-only, decode-only and mixed batches, as the profiling grid produces them."""
-    rng = np.random.default_rng(seed)
-    shapes = []
-    for index in range(count):
-        shape = BatchShape()
-        kind = index % 3
-        if kind in (0, 2):
-            for _ in range(int(rng.integers(1, 4))):
-                shape = shape.with_prefill(int(rng.integers(16, 1024)), int(rng.integers(0, 512)))
-        if kind in (1, 2):
-            for _ in range(int(rng.integers(1, 32))):
-                shape = shape.with_decode(int(rng.integers(32, 2048)))
-        shapes.append(shape)
-    return shapes
-
-
-HYGEN_TRUE = (2e-3, 3e-5, 2e-6, 4e-9, 1e-11, 5e-4, 1e-4)
-
-
-@pytest.mark.parametrize("form, truth", [
-    ("hygen", HYGEN_TRUE),
-    ("bros", (1e-3, 2e-5, 3e-9, 2e-3, 1e-4, 2e-7)),
-])
-def test_linear_forms_recover_known_coefficients(form: str, truth: tuple[float, ...]) -> None:
-    shapes = random_shapes(600)
-    model = LinearLatencyModel(form, truth)
-    rng = np.random.default_rng(1)
-    times = [model.predict(s) * (1 + rng.normal(0, 0.002)) for s in shapes]
-    fitted = fit(form, shapes, times)
-    assert isinstance(fitted, LinearLatencyModel)
-    for got, want in zip(fitted.coefficients, truth):
-        assert got == pytest.approx(want, rel=0.15), (form, fitted.coefficients)
-
-
-ECHO_TRUE = EchoLatencyModel(alpha=6e-9, beta=2e-5, floor=1.5e-3, gamma=2e-6, delta=5e-6, mix=0.8,
-                             alpha_chunk=3e-9, prefill_base=2e-3, decode_base=1.8e-3, decode_per_request=1.5e-4,
-                             decode_per_token=4e-7, decode_as_prefill=0.6)
-
-
 def per_request_shapes(count: int, seed: int = 0) -> list[BatchShape]:
     """Prefill-only, decode-only and mixed batches whose requests differ from each other: short
     and long prompts in one batch (so some sit on the floor and some do not), some on a cached
@@ -75,6 +35,29 @@ def per_request_shapes(count: int, seed: int = 0) -> list[BatchShape]:
                 shape = shape.with_decode(int(rng.integers(16, 2048)))
         shapes.append(shape)
     return shapes
+
+
+HYGEN_TRUE = (2e-3, 3e-5, 2e-6, 4e-9, 1e-11, 5e-4, 1e-4)
+
+
+@pytest.mark.parametrize("form, truth", [
+    ("hygen", HYGEN_TRUE),
+    ("bros", (1e-3, 2e-5, 3e-9, 2e-3, 1e-4, 2e-7)),
+])
+def test_linear_forms_recover_known_coefficients(form: str, truth: tuple[float, ...]) -> None:
+    shapes = per_request_shapes(600)
+    model = LinearLatencyModel(form, truth)
+    rng = np.random.default_rng(1)
+    times = [model.predict(s) * (1 + rng.normal(0, 0.002)) for s in shapes]
+    fitted = fit(form, shapes, times)
+    assert isinstance(fitted, LinearLatencyModel)
+    for got, want in zip(fitted.coefficients, truth):
+        assert got == pytest.approx(want, rel=0.15), (form, fitted.coefficients)
+
+
+ECHO_TRUE = EchoLatencyModel(alpha=6e-9, beta=2e-5, floor=1.5e-3, gamma=2e-6, delta=5e-6, mix=0.8,
+                             alpha_chunk=3e-9, prefill_base=2e-3, decode_base=1.8e-3, decode_per_request=1.5e-4,
+                             decode_per_token=4e-7, decode_as_prefill=0.6)
 
 
 def test_echo_form_recovers_known_per_request_coefficients() -> None:
@@ -163,7 +146,7 @@ def test_echo_chunk_search_sees_the_prediction_grow() -> None:
 
 
 def test_fit_forms_scores_holdout_and_round_trips(tmp_path) -> None:
-    shapes = random_shapes(300)
+    shapes = per_request_shapes(300)
     model = LinearLatencyModel("hygen", HYGEN_TRUE)
     times = [model.predict(s) for s in shapes]
     report = fit_forms(shapes, times)

@@ -13,13 +13,15 @@ Each iteration the running set is rebuilt from scratch:
 
 Guards where the paper is silent (systems.md: "guard the empty/infeasible cases"):
 
-- No RT request: there is no deadline, so only batch size and memory bound the batch.
+- No RT request (or none that can still make its deadline): no deadline bounds the batch; only
+  batch size, memory and the SLO's ``idle_s`` cap (unbounded unless set) do.
 - Infeasible head: an RT request whose residual is below the time of an iteration holding it
   alone will miss whatever happens; it keeps its place in the order but does not set the
   budget (otherwise one late request would shrink every batch to nothing). Its presence counts as
   a violation for the adaptive batch size.
 - Empty batch: the most urgent RT request always runs, even alone over budget, since an idle
-  iteration only brings every deadline closer.
+  iteration only brings every deadline closer; with no RT request to run, the first BE request
+  runs even over the idle cap, which would otherwise hold back a long prompt forever.
 - Replacement keeps the formulation's constraint (6): the displaced RT request must still meet
   its deadline if it runs in the next iteration (residual ≥ this batch + the average iteration).
 
@@ -194,15 +196,15 @@ class BrosScheduler:
         return self.cost.predict(request.add_to(BatchShape()), request.host_tokens)
 
     def budget(self, now: float) -> tuple[float, int]:
-        """The smallest residual among RT requests that can still make their deadline, and how
-        many more urgent ones cannot."""
+        """The smallest residual among RT requests that can still make their deadline (the idle
+        cap when none can), and how many more urgent ones cannot."""
         late = 0
         for request in self.realtime.in_order():
             residual = request.residual(now, self.slo)
             if residual >= self.solo_time(request):
                 return residual, late
             late += 1
-        return math.inf, late
+        return self.slo.idle_s, late
 
     def plan(self, now: float, memory: MemoryState) -> BrosPlan:
         """Choose this iteration's batch; the chosen RT requests leave their queues until
@@ -241,7 +243,7 @@ class BrosScheduler:
         for request in sorted(self.best_effort.values(), key=_swap_order):
             if not ledger.fits_best_effort(request):
                 break
-            if len(batch) < limit and batch.time_with(request) <= budget:
+            if len(batch) < limit and (batch.time_with(request) <= budget or not len(batch)):
                 self._add_best_effort(request, batch, ledger)
                 continue
             victim = batch.realtime[-1] if batch.realtime else None

@@ -32,6 +32,7 @@ checkpoint table and the takeovers are reported in ``GET /server_info`` under
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Callable
 
@@ -66,7 +67,7 @@ def free_slots(scheduler: Any) -> int:
 
 class BrosState:
     def __init__(self, config: ColocationConfig, max_running: int) -> None:
-        self.slo = SLO(config.ttft_slo_s or SLO.ttft_s, config.tpot_slo_s or SLO.tpot_s)
+        self.slo = SLO(config.ttft_slo_s or SLO.ttft_s, config.tpot_slo_s or SLO.tpot_s, config.idle_budget_s or math.inf)
         self.cost = IterationCost(model_from_dict(config.latency_model))
         self.batch_size = AdaptiveBatchSize(max_running)
         self.metrics = ServiceMetrics(self.slo, start=time.monotonic())
