@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from bench.colocation_judge import (
-    BASELINE, CONFIGS, KNOB_NAMES, markdown_goal, markdown_knobs, markdown_table, table, targets,
+    BASELINE, CONFIGS, KNOB_NAMES, markdown_goal, markdown_results, table, targets,
 )
 from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
 from sgl_blend.core.colocation import ColocationConfig
@@ -387,12 +387,7 @@ def _without_series(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = markdown_table(report["table"], "offline output tok/s")
-    lines.append("")
-    lines.append(f"SLOs: P99 TTFT and P99 TBT within {report['tolerance']:.0%} of online-only on the same evaluation "
-                 "trace. Knobs searched on a separate tuning trace:")
-    lines.append("")
-    lines += markdown_knobs(report["cells"])
+    lines = markdown_results(report, "offline output tok/s", "P99 TTFT and P99 TBT")
     probe = report["load_probe"]
     lines.append("")
     lines.append(f"Loads: online-only at {probe['probe_rate_per_s']:g} req/s kept the engine busy "

@@ -119,6 +119,14 @@ def markdown_knobs(cells: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def markdown_results(report: dict[str, Any], throughput: str, slos: str) -> list[str]:
+    """The table, the SLO it is judged at, and the knobs each search found: how both co-location
+    reports (simulator and CPU engine) open."""
+    return [*markdown_table(report["table"], throughput), "",
+            f"SLOs: {slos} within {report['tolerance']:.0%} of online-only on the same evaluation trace. "
+            "Knobs searched on a separate tuning trace:", "", *markdown_knobs(report["cells"])]
+
+
 def markdown_goal(goal: dict[str, Any]) -> list[str]:
     lines = [f"| mode | / priority-searched at the lowest load | >= {GOAL_RATIO}x | SLOs met at every load | goal met |",
              "|---|---|---|---|---|"]

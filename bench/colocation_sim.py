@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.colocation_judge import (
-    BASELINE, CONFIGS, KNOB_NAMES, REFERENCES, SEARCHED, markdown_goal, markdown_knobs, markdown_table, table, targets,
+    BASELINE, CONFIGS, KNOB_NAMES, REFERENCES, SEARCHED, markdown_goal, markdown_results, table, targets,
 )
 from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
 from bench.load_picker import pick_rate
@@ -263,12 +263,7 @@ def cell(task: tuple[str, float, float]) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = markdown_table(report["table"], "offline tok/s")
-    lines.append("")
-    lines.append(f"SLOs: {', '.join(report['slo_metrics'])} within {report['tolerance']:.0%} of online-only on the "
-                 "same evaluation trace. Knobs searched on a separate tuning trace:")
-    lines.append("")
-    lines += markdown_knobs(report["cells"])
+    lines = markdown_results(report, "offline tok/s", ", ".join(report["slo_metrics"]))
     lines.append("")
     lines.append("Loads (online-only utilisation of the evaluation trace, picked by bisecting the rate): "
                  + "; ".join(f"{pick['pattern']} {pick['target']:.0%} -> {pick['rate_per_s']:.3g} req/s "

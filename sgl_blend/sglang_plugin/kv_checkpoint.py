@@ -40,19 +40,6 @@ from typing import Any, Iterable, Sequence
 from sgl_blend.sglang_plugin.held_decodes import resident_tokens
 
 
-class PoolKVStore:
-    """The core's `KVStore` over an SGLang KV allocator: one request's slots to host and back."""
-
-    def __init__(self, allocator: Any) -> None:
-        self.allocator = allocator
-
-    def copy_out(self, slots: Any) -> Any:
-        return self.allocator.get_cpu_copy(slots)
-
-    def copy_in(self, slots: Any, saved: Any) -> None:
-        self.allocator.load_cpu_copy(saved, slots)
-
-
 @dataclass
 class _Take:
     """Positions ``first .. first + tokens - 1`` of a request, copied to host."""
@@ -91,7 +78,7 @@ class KVCheckpoint:
         first = end - tokens
         slots = scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, first:end].to(torch.int64)
         allocator = scheduler.token_to_kv_pool_allocator
-        saved = PoolKVStore(allocator).copy_out(slots)
+        saved = allocator.get_cpu_copy(slots)
         allocator.free(slots)
         req.kv.kv_committed_len -= tokens
         req.kv.kv_allocated_len -= tokens
@@ -116,10 +103,9 @@ class KVCheckpoint:
         if slots is None:
             return False
         start = int(req.kv.kv_committed_len)
-        store = PoolKVStore(allocator)
         for take in takes:
             offset = take.first - start
-            store.copy_in(slots[offset:offset + take.tokens], take.saved)
+            allocator.load_cpu_copy(take.saved, slots[offset:offset + take.tokens])
         scheduler.req_to_token_pool.write((req.kv.req_pool_idx, slice(start, start + count)), slots.to(torch.int32))
         req.kv.kv_committed_len += count
         req.kv.kv_allocated_len += count

@@ -24,16 +24,13 @@ from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin.guard import guarded
 from sgl_blend.sglang_plugin.iteration_log import IterationRecorder
 from sgl_blend.sglang_plugin.modes import make_mode
+from sgl_blend.sglang_plugin.modes.base import free_kv_tokens
 from sgl_blend.sglang_plugin.offline_pool import OfflinePool
 from sgl_blend.sglang_plugin.settings import PluginSettings
 
 logger = logging.getLogger(__name__)
 POOL_FAILED = "sgl-blend offline pool failed; falling back to SGLang's own scheduling"
 RECORD_FAILED = "sgl-blend per-iteration record failed; recording stops"
-
-
-def free_kv_tokens(tree_cache: Any) -> int:
-    return int(tree_cache.token_to_kv_pool_allocator.available_size() + tree_cache.evictable_size())
 
 
 class PluginRuntime:

@@ -16,6 +16,11 @@ from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.kv_priority import ReuserIndex
 
 
+def free_kv_tokens(tree_cache: Any) -> int:
+    """Slots a request can get now: free ones, and cached ones the radix cache would evict."""
+    return int(tree_cache.token_to_kv_pool_allocator.available_size() + tree_cache.evictable_size())
+
+
 class Mode:
     """BlendServe (``--colocation off``): no co-location; every call leaves SGLang as it is."""
 

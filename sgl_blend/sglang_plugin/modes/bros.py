@@ -48,7 +48,7 @@ from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin.guard import guarded
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes, in_flight, resident_tokens
 from sgl_blend.sglang_plugin.kv_checkpoint import KVCheckpoint
-from sgl_blend.sglang_plugin.modes.base import Mode
+from sgl_blend.sglang_plugin.modes.base import Mode, free_kv_tokens
 from sgl_blend.sglang_plugin.slot_takeover import SlotTakeover
 
 logger = logging.getLogger(__name__)
@@ -58,11 +58,6 @@ HELD_FAILED = "sgl-blend could not give held decodes back to SGLang"
 
 def best_effort(req: Any) -> bool:
     return is_offline(req.routing_key)
-
-
-def free_slots(scheduler: Any) -> int:
-    """Slots a request can get now: free ones, and cached ones the radix cache would evict."""
-    return int(scheduler.token_to_kv_pool_allocator.available_size() + scheduler.tree_cache.evictable_size())
 
 
 class BrosState:
@@ -101,7 +96,7 @@ class BrosState:
         for request in sorted(requests, key=lambda r: (r.prefilled, r.arrival)):
             bros.submit(request)
         resident = {req.rid: resident_tokens(req) for req in [*running, *held] if best_effort(req) and not req.finished()}
-        plan = bros.plan(now, MemoryState(free_slots(scheduler), best_effort_resident=resident))
+        plan = bros.plan(now, MemoryState(free_kv_tokens(scheduler.tree_cache), best_effort_resident=resident))
         self.admit = {request.rid: position for position, request in enumerate(plan.requests) if request.rid in waiting}
         self.last_plan = plan.summary()
         self.plans += 1
@@ -181,7 +176,7 @@ class BrosMode(Mode):
         if not candidates:
             return running_batch
         req = min(candidates, key=lambda r: self.checkpoint.host_tokens(r.rid))
-        missing = self.checkpoint.host_tokens(req.rid) - free_slots(scheduler)
+        missing = self.checkpoint.host_tokens(req.rid) - free_kv_tokens(scheduler.tree_cache)
         others = {other.rid: resident_tokens(other) for other in self.held.requests()
                   if other is not req and not other.finished()}
         for take in plan_takeover(missing, others, {}):
