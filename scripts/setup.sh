@@ -41,7 +41,7 @@ fi
 # must be installed in each of them before its first SGLang import, hence a .pth start-up line.
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 pth="$site/sgl_blend_cpu_compat.pth"
-line="import sgl_blend.launch.cpu_compat as _c; _c.install()"
+line="import sgl_blend.cpu_compat as _c; _c.install()"
 [ "$(cat "$pth" 2>/dev/null)" = "$line" ] || echo "$line" > "$pth"
 
 "$venv/bin/sgl-blend" models prepare

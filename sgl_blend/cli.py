@@ -12,8 +12,7 @@ import importlib
 import pkgutil
 import sys
 
-from sgl_blend import __version__, commands
-from sgl_blend.launch import cpu_compat
+from sgl_blend import __version__, commands, cpu_compat
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -51,12 +51,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
+from sgl_blend.core.iteration_budget import IterationBudget, RunningRequest
 from sgl_blend.core.latency_model import LatencyModel
-
-if TYPE_CHECKING:  # `colocation` calls this module; it needs only their attributes at run time
-    from sgl_blend.core.colocation import IterationBudget, RunningRequest
 
 # How many candidates, in the offline policy's order, the selector weighs per iteration (in the
 # engine each is also matched against the radix cache every prefill iteration). Measured with

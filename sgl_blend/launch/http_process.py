@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from sgl_blend.launch import cpu_compat
+from sgl_blend import cpu_compat
 from sgl_blend.sglang_plugin.settings import PluginSettings, SettingsError
 
 

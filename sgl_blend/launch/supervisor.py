@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import httpx
 
+from sgl_blend import cpu_compat
 from sgl_blend.client import http
-from sgl_blend.launch import cpu_compat
 from sgl_blend.launch.flags import CPU_DEFAULT_FLAGS, CPU_ENV, flag_value, with_defaults
 from sgl_blend.models.registry import resolve_model_path
 from sgl_blend.server.config import CONFIG_ENV as BATCH_API_ENV

@@ -1,4 +1,4 @@
-"""Online and offline load against a live server, and the latency figures co-location is judged by.
+"""Online and offline load against a live server, measured as the simulators measure theirs.
 
 - An online trace is a JSONL file of ``{"t": seconds_from_start, "prompt": text, "max_tokens": n}``;
   `replay` sends each request at its time, streaming, and records its time to first token and
@@ -7,23 +7,24 @@
   OpenAI batch lines, cycling through them, or sends them at a fixed rate (open loop, the
   "fixed offline rate" baseline), and counts completed output tokens over time.
 
-Both are the measuring side of `sgl-blend tune-slo` and of the co-location benchmark.
+Both are the measuring side of `sgl-blend tune-slo` and of the co-location benchmark. The timings
+and their summary are `core.request_timing`'s, shared with the simulators; `summarize` is
+re-exported here for the callers that replay and judge in one place.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import httpx
-import numpy as np
 
 from sgl_blend.client import http
+from sgl_blend.core.request_timing import RequestTiming, summarize  # noqa: F401 (re-exported)
 from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.offline import offline_headers
 
@@ -41,15 +42,6 @@ class OnlineRequest:
     t: float
     prompt: str
     max_tokens: int
-
-
-@dataclass
-class RequestTiming:
-    sent_at: float
-    ttft: float | None = None
-    gaps: list[float] = field(default_factory=list)
-    tokens: int = 0
-    error: str | None = None
 
 
 def load_trace(path: Path) -> list[OnlineRequest]:
@@ -123,18 +115,6 @@ async def replay(base_url: str, trace: Sequence[OnlineRequest], priority: int | 
             tasks.append(asyncio.create_task(_stream_one(client, request, timing, priority)))
         await asyncio.gather(*tasks)
     return timings
-
-
-def summarize(timings: Sequence[RequestTiming]) -> dict[str, float]:
-    """Mean and P99 TTFT and TBT, in seconds, over the requests that completed."""
-    done = [timing for timing in timings if timing.error is None and timing.ttft is not None]
-    ttfts = [timing.ttft for timing in done]
-    gaps = [gap for timing in done for gap in timing.gaps]
-    summary = {"requests": len(timings), "completed": len(done), "errors": len(timings) - len(done)}
-    for name, values in (("ttft", ttfts), ("tbt", gaps)):
-        summary[f"{name}_mean"] = float(np.mean(values)) if values else math.inf
-        summary[f"{name}_p99"] = float(np.percentile(values, 99)) if values else math.inf
-    return summary
 
 
 class OfflineLoad:

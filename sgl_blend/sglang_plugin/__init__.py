@@ -1,16 +1,19 @@
 """The SGLang plugin: registered under the ``sglang.srt.plugins`` entry point.
 
-SGLang calls `register` in each of its processes. It reads the launcher's `PluginSettings`
-once, builds the process's one `PluginRuntime` from them and hands it to the scheduler hooks,
-the internal-state hooks and the radix-cache backend; nothing else holds plugin state. Importing
-this package does not import SGLang, so launchers can build settings without it.
+SGLang calls `register` in each of its processes. It first checks that this SGLang has every
+internal the plugin touches (`sglang_boundary`, checked by `boundary_check`) and refuses to start
+the server otherwise. It then reads the launcher's `PluginSettings` once, builds the process's one
+`PluginRuntime` from them and hands it to the scheduler hooks, the internal-state hooks and the
+radix-cache backend; nothing else holds plugin state. Importing this package does not import
+SGLang, so launchers can build settings without it.
 """
 
 from __future__ import annotations
 
 import logging
 
-from sgl_blend.launch import cpu_compat
+from sgl_blend import cpu_compat
+from sgl_blend.sglang_plugin.boundary_check import require_boundary
 from sgl_blend.sglang_plugin.hooks import register_hooks
 from sgl_blend.sglang_plugin.radix_backend import register_backend
 from sgl_blend.sglang_plugin.runtime import PluginRuntime
@@ -30,7 +33,10 @@ def plugin_settings() -> PluginSettings:
 
 
 def register() -> None:
+    """Raises `boundary_check.SGLangBoundaryError` (a ``SystemExit``, which SGLang's plugin loader
+    does not catch) before registering anything when this SGLang lacks what the plugin uses."""
     cpu_compat.install()
+    require_boundary()
     runtime = PluginRuntime(plugin_settings())
     register_hooks(runtime)
     register_backend(runtime)

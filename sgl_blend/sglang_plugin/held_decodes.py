@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
+
 
 def resident_tokens(req: Any) -> int:
     """KV slots the request owns and keeps while held: everything it has computed past the prefix
@@ -128,24 +130,19 @@ class HeldDecodes:
         """SGLang's ``abort_request`` for held requests (``rid`` is a prefix, as there): one with a
         result in flight is marked to finish, which that result does, as SGLang marks a running
         request; any other is freed now. Returns the requests freed now."""
-        from sglang.srt.disaggregation.utils import prepare_abort
-        from sglang.srt.managers.schedule_batch import FINISH_ABORT
-        from sglang.srt.managers.scheduler import _make_abort_req
-        from sglang.srt.mem_cache.common import release_kv_cache
-
         flying = in_flight(scheduler)
         freed = []
         for req in [req for req in self._held.values() if abort_all or req.rid.startswith(rid)]:
             if req.finished():
                 continue
             if id(req) in flying:
-                req.to_finish = FINISH_ABORT()
+                req.to_finish = sgl.FINISH_ABORT()
                 continue
             del self._held[req.rid]
-            prepare_abort(req, "Aborted")
+            sgl.prepare_abort(req, "Aborted")
             scheduler._release_aborted_request(req)
-            release_kv_cache(req, scheduler.tree_cache, checkpoint=False)
-            scheduler.send_abort_output(_make_abort_req(req, finished_reason=finished_reason), req)
+            sgl.release_kv_cache(req, scheduler.tree_cache, checkpoint=False)
+            scheduler.send_abort_output(sgl.make_abort_req(req, finished_reason=finished_reason), req)
             freed.append(req)
         self.counts["aborted"] += len(freed)
         return freed
@@ -166,15 +163,13 @@ def _request_batch(scheduler: Any, req: Any) -> Any:
     tokens are fed every output token but the last, one at a time as ``prepare_for_decode`` fed
     them while the request ran; the next ``prepare_for_decode`` adds the last one."""
     import torch
-    from sglang.srt.managers.overlap_utils import RelayPayload
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
-    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
     device = scheduler.device
-    batch = ScheduleBatch.init_new(reqs=[req], req_to_token_pool=scheduler.req_to_token_pool,
-                                   token_to_kv_pool_allocator=scheduler.token_to_kv_pool_allocator,
-                                   tree_cache=scheduler.tree_cache, model_config=scheduler.model_config,
-                                   enable_overlap=scheduler.enable_overlap, spec_algorithm=scheduler.spec_algorithm)
+    batch = sgl.ScheduleBatch.init_new(reqs=[req], req_to_token_pool=scheduler.req_to_token_pool,
+                                       token_to_kv_pool_allocator=scheduler.token_to_kv_pool_allocator,
+                                       tree_cache=scheduler.tree_cache, model_config=scheduler.model_config,
+                                       enable_overlap=scheduler.enable_overlap,
+                                       spec_algorithm=scheduler.spec_algorithm)
     seq_len = int(req.kv.kv_committed_len)
     batch.req_pool_indices = torch.tensor([req.kv.req_pool_idx], dtype=torch.int64, device=device)
     batch.req_pool_indices_cpu = torch.tensor([req.kv.req_pool_idx], dtype=torch.int64)
@@ -183,13 +178,13 @@ def _request_batch(scheduler: Any, req: Any) -> Any:
     batch.orig_seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=device)
     batch.seq_lens_sum = seq_len
     last_token = torch.tensor([req.output_ids[-1]], dtype=torch.int64, device=device)
-    scheduler.future_map.stash(batch.req_pool_indices, RelayPayload(bonus_tokens=last_token))
+    scheduler.future_map.stash(batch.req_pool_indices, sgl.RelayPayload(bonus_tokens=last_token))
     batch.input_ids = None
     batch.multimodal_inputs = [req.multimodal_inputs]
     if batch.return_logprob:
         batch.top_logprobs_nums = [req.logprob.top_logprobs_num]
         batch.token_ids_logprobs = [req.logprob.token_ids_logprob]
-    batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, scheduler.model_config.vocab_size)
+    batch.sampling_info = sgl.SamplingBatchInfo.from_schedule_batch(batch, scheduler.model_config.vocab_size)
     orchestrator = batch.sampling_info.penalizer_orchestrator
     if orchestrator is not None and orchestrator.is_required:
         for token in req.output_ids[:-1]:

@@ -15,7 +15,8 @@
 - An AFTER hook on ``Scheduler._add_request_to_queue`` notes when requests first arrive.
 - The internal-state controller's hooks live in `internal_state`.
 
-The hooks only translate SGLang's call signatures; what they act on is the `PluginRuntime`.
+The hooks only translate SGLang's calls, reading its arguments by name (`sglang_boundary.bind`);
+what they act on is the `PluginRuntime`. Targets and parameters are the boundary table's rows.
 """
 
 from __future__ import annotations
@@ -23,71 +24,68 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.internal_state import register_internal_state_hooks
 from sgl_blend.sglang_plugin.prefill_adder import prefill_adder_hook
 from sgl_blend.sglang_plugin.runtime import PluginRuntime
 
-SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
-CALC_PRIORITY = "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority"
-
 
 def register_hooks(runtime: PluginRuntime) -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    def calc_priority(original: Callable, policy: Any, waiting_queue: list, *args: Any, **kwargs: Any) -> Any:
-        result = original(policy, waiting_queue, *args, **kwargs)
+    def calc_priority(original: Callable, policy: Any, *args: Any, **kwargs: Any) -> Any:
+        waiting_queue = sgl.bind(sgl.CALC_PRIORITY, policy, *args, **kwargs).arguments["waiting_queue"]
+        result = original(policy, *args, **kwargs)
         runtime.order_waiting_queue(waiting_queue, policy.tree_cache)
         return result
 
     def around_prefill(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-        if "running_batch" in kwargs:
-            kwargs["running_batch"] = runtime.before_prefill(scheduler, kwargs["running_batch"])
-        else:
-            args = (*args[:-1], runtime.before_prefill(scheduler, args[-1]))
+        call = sgl.bind(sgl.NEW_PREFILL_BATCH, scheduler, *args, **kwargs)
+        call.arguments["running_batch"] = runtime.before_prefill(scheduler, call.arguments["running_batch"])
+        try:
+            return original(*call.args, **call.kwargs)
+        finally:
+            runtime.end_iteration()
+
+    def around_decode(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = sgl.bind(sgl.UPDATE_RUNNING_BATCH, scheduler, *args, **kwargs).arguments["batch"]
+        runtime.before_decode(scheduler, batch)
         try:
             return original(scheduler, *args, **kwargs)
         finally:
             runtime.end_iteration()
 
-    def around_decode(original: Callable, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        runtime.before_decode(scheduler, batch)
-        try:
-            return original(scheduler, batch, *args, **kwargs)
-        finally:
-            runtime.end_iteration()
-
-    def around_run_batch(original: Callable, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        runtime.begin_forward(scheduler, batch)
+    def around_run_batch(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+        runtime.begin_forward(scheduler, sgl.bind(sgl.RUN_BATCH, scheduler, *args, **kwargs).arguments["batch"])
         started = time.monotonic()
-        result = original(scheduler, batch, *args, **kwargs)
+        result = original(scheduler, *args, **kwargs)
         runtime.forward_done(time.monotonic() - started)
         return result
 
-    def after_batch_result(result: Any, _scheduler: Any, batch: Any, *_args: Any, **_kwargs: Any) -> Any:
+    def after_batch_result(result: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = sgl.bind(sgl.PROCESS_BATCH_RESULT, *args, **kwargs).arguments["batch"]
         if batch is not None:
             runtime.batch_done(batch)
         return result
 
-    def after_add_to_queue(result: Any, scheduler: Any, req: Any, is_retracted: bool = False, *_args: Any,
-                           **_kwargs: Any) -> Any:
-        if not is_retracted:
-            runtime.note_arrival(scheduler, req)
+    def after_add_to_queue(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+        given = sgl.bind(sgl.ADD_REQUEST_TO_QUEUE, scheduler, *args, **kwargs).arguments
+        if not given["is_retracted"]:
+            runtime.note_arrival(scheduler, given["req"])
         return result
 
     def around_idle(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> bool:
         return runtime.idle(original(scheduler, *args, **kwargs))
 
-    def after_abort(result: Any, scheduler: Any, recv_req: Any, *_args: Any, **_kwargs: Any) -> Any:
-        runtime.aborted(scheduler, recv_req)
+    def after_abort(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+        runtime.aborted(scheduler, sgl.bind(sgl.ABORT_REQUEST, scheduler, *args, **kwargs).arguments["recv_req"])
         return result
 
-    HookRegistry.register(CALC_PRIORITY, calc_priority, HookType.AROUND)
-    HookRegistry.register(f"{SCHEDULER}.get_prefill_adder_class", prefill_adder_hook(runtime), HookType.REPLACE)
-    HookRegistry.register(f"{SCHEDULER}._get_new_batch_prefill_raw", around_prefill, HookType.AROUND)
-    HookRegistry.register(f"{SCHEDULER}.update_running_batch", around_decode, HookType.AROUND)
-    HookRegistry.register(f"{SCHEDULER}.run_batch", around_run_batch, HookType.AROUND)
-    HookRegistry.register(f"{SCHEDULER}.process_batch_result", after_batch_result, HookType.AFTER)
-    HookRegistry.register(f"{SCHEDULER}._add_request_to_queue", after_add_to_queue, HookType.AFTER)
-    HookRegistry.register(f"{SCHEDULER}.is_fully_idle", around_idle, HookType.AROUND)
-    HookRegistry.register(f"{SCHEDULER}.abort_request", after_abort, HookType.AFTER)
+    sgl.register_hook(sgl.CALC_PRIORITY, calc_priority)
+    sgl.register_hook(sgl.PREFILL_ADDER_CLASS, prefill_adder_hook(runtime))
+    sgl.register_hook(sgl.NEW_PREFILL_BATCH, around_prefill)
+    sgl.register_hook(sgl.UPDATE_RUNNING_BATCH, around_decode)
+    sgl.register_hook(sgl.RUN_BATCH, around_run_batch)
+    sgl.register_hook(sgl.PROCESS_BATCH_RESULT, after_batch_result)
+    sgl.register_hook(sgl.ADD_REQUEST_TO_QUEUE, after_add_to_queue)
+    sgl.register_hook(sgl.IS_FULLY_IDLE, around_idle)
+    sgl.register_hook(sgl.ABORT_REQUEST, after_abort)
     register_internal_state_hooks(runtime)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.runtime import PluginRuntime
 
 logger = logging.getLogger(__name__)
 STATE_KEY = "sgl_blend"
-CONTROLLER = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
 SETTING_PREFIX = "sgl_blend_"
 RESET_RECORDS = "reset_records"
 CLEAR_BUDGET = "clear_latency_budget"
@@ -31,7 +31,6 @@ def update_handlers(runtime: PluginRuntime) -> dict[str, Handler]:
     (``sgl_blend_latency_budget_s``), ``sgl_blend_clear_latency_budget: 1`` removes the budget and
     ``sgl_blend_reset_records: 1`` clears the per-iteration record. The mode and the latency model
     are launch settings."""
-    from sglang.srt.managers.scheduler_components.internal_state import UpdateRejected
 
     def change(key: str, value: Any) -> dict[str, Any]:
         field = key[len(SETTING_PREFIX):]
@@ -43,7 +42,7 @@ def update_handlers(runtime: PluginRuntime) -> dict[str, Handler]:
         try:
             runtime.mode.current_config().updated(change(key, value))
         except (TypeError, ValueError) as error:
-            raise UpdateRejected(f"{key}: {error}") from None
+            raise sgl.UpdateRejected(f"{key}: {error}") from None
 
     def apply(key: str, value: Any) -> None:
         config = runtime.mode.reconfigure(change(key, value))
@@ -59,18 +58,14 @@ def update_handlers(runtime: PluginRuntime) -> dict[str, Handler]:
 
 
 def register_internal_state_hooks(runtime: PluginRuntime) -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     def report_state(result: Any, *_args: Any, **_kwargs: Any) -> Any:
         result.internal_state[STATE_KEY] = runtime.state()
         return result
 
     def with_update_handlers(handlers: dict, *_args: Any, **_kwargs: Any) -> dict:
-        from sglang.srt.managers.scheduler_components.internal_state import _UpdateHandler
-
         for key, (validate, apply) in update_handlers(runtime).items():
-            handlers[key] = _UpdateHandler(validate, apply)
+            handlers[key] = sgl.UpdateHandler(validate, apply)
         return handlers
 
-    HookRegistry.register(f"{CONTROLLER}.get_internal_state", report_state, HookType.AFTER)
-    HookRegistry.register(f"{CONTROLLER}._update_handlers", with_update_handlers, HookType.AFTER)
+    sgl.register_hook(sgl.GET_INTERNAL_STATE, report_state)
+    sgl.register_hook(sgl.UPDATE_HANDLERS, with_update_handlers)

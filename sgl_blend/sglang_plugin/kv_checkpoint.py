@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.held_decodes import resident_tokens
 
 
@@ -91,14 +92,13 @@ class KVCheckpoint:
         """Bring ``req``'s checkpointed KV back into free slots; False (nothing changed) when the
         pool has too few. True when nothing of it is left on host."""
         import torch
-        from sglang.srt.mem_cache.common import evict_from_tree_cache
 
         takes = self._table.get(req.rid)
         if not takes:
             return True
         count = sum(take.tokens for take in takes)
         allocator = scheduler.token_to_kv_pool_allocator
-        evict_from_tree_cache(scheduler.tree_cache, count)
+        sgl.evict_from_tree_cache(scheduler.tree_cache, count)
         slots = allocator.alloc(count)
         if slots is None:
             return False

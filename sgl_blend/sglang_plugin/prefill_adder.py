@@ -4,8 +4,9 @@ SGLang picks its adder class through ``Scheduler.get_prefill_adder_class``; the 
 keeps every token budget, chunking, locking and retraction rule of SGLang's and only says no
 more often: to offline work the policy did not propose (the waiting queue is ordered so that
 every request behind it is unproposed offline work too), and, in a co-location mode, to whatever
-the iteration's plan leaves out. Its prefill room is the policy's. The class is built on first
-use, since its base class is SGLang's.
+the iteration's plan leaves out. Its prefill room is the policy's, cut from the chunk and mixed
+decode tokens SGLang constructs it with, read by parameter name. The class is built on first use,
+since its base class is SGLang's.
 """
 
 from __future__ import annotations
@@ -13,21 +14,19 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.runtime import PluginRuntime
 
 
 def prefill_adder_class(runtime: PluginRuntime) -> type:
-    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
-
-    class BlendPrefillAdder(PrefillAdder):
+    class BlendPrefillAdder(sgl.PrefillAdder):
         """SGLang's adder, admitting offline work only in the order the policy proposed and, when
         co-locating, only within the iteration's plan; its prefill room is the policy's."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            chunk = args[6] if len(args) > 6 else kwargs.get("rem_chunk_tokens")
-            decodes = args[7] if len(args) > 7 else kwargs.get("num_mixed_decode_tokens", 0)
-            runtime.cap_prefill(self, chunk, decodes)
+            given = sgl.bind(sgl.ADDER_INIT, self, *args, **kwargs).arguments
+            runtime.cap_prefill(self, given["rem_chunk_tokens"], given["num_mixed_decode_tokens"])
 
         def add_chunked_req(self, req: Any) -> Any:
             limit = runtime.mode.chunked_limit(req)
@@ -39,7 +38,7 @@ def prefill_adder_class(runtime: PluginRuntime) -> type:
 
         def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Any) -> Any:
             if runtime.may_admit(req) is False:
-                return AddReqResult.OTHER
+                return sgl.AddReqResult.OTHER
 
             def add() -> Any:
                 return super(BlendPrefillAdder, self).add_one_req(req, has_chunked_req, truncation_align_size)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from sgl_blend.core.kv_priority import RUNNING_ONLINE, ReuserIndex, kv_priority
 from sgl_blend.offline import is_offline
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.runtime import PluginRuntime
 
 BACKEND_NAME = "sgl-blend"
@@ -88,14 +89,12 @@ def echo_node_priority(node: Any, index: ReuserIndex | None) -> float:
 
 def build_cache(params: Any, reusers: ReuserSource | None) -> Any:
     """The backend's cache; with ``reusers`` it evicts by Echo's priorities."""
-    from sglang.srt.mem_cache.evict_policy import EvictionStrategy
-    from sglang.srt.mem_cache.radix_cache import RadixCache
 
-    class EchoEviction(EvictionStrategy):
+    class EchoEviction(sgl.EvictionStrategy):
         def get_priority(self, node: Any) -> tuple[float, float]:
             return echo_node_priority(node, reusers()), node.last_access_time
 
-    class BlendRadixCache(RadixCache):
+    class BlendRadixCache(sgl.RadixCache):
         def annotate_path(self, node: Any, density: float, pending: int) -> int:
             return annotate_path(node, density, pending)
 
@@ -113,10 +112,9 @@ def build_cache(params: Any, reusers: ReuserSource | None) -> Any:
 def register_backend(runtime: PluginRuntime) -> None:
     """Register the backend, its eviction chosen by the launch settings: Echo's priorities read
     the runtime's offline pool (none until it exists), everything else SGLang's policy."""
-    from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
 
     def build(context: Any) -> Any:
         return build_cache(context.params, runtime.reusers if runtime.settings.colocation.kv_priorities else None)
 
-    if get_radix_cache_factory(BACKEND_NAME) is None:
-        register_radix_cache_backend(BACKEND_NAME, build)
+    if sgl.get_radix_cache_factory(BACKEND_NAME) is None:
+        sgl.register_radix_cache_backend(BACKEND_NAME, build)

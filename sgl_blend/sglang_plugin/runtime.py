@@ -14,13 +14,13 @@ import logging
 import os
 from typing import Any
 
-from sgl_blend import __version__
+from sgl_blend import __version__, cpu_compat
 from sgl_blend.core.cost_model import ModelSpec
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.core.prefill_room import prefill_room
 from sgl_blend.core.psm_policy import PSMPolicy, make_offline_policy
-from sgl_blend.launch import cpu_compat
 from sgl_blend.offline import is_offline
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.guard import guarded
 from sgl_blend.sglang_plugin.iteration_log import IterationRecorder
 from sgl_blend.sglang_plugin.modes import make_mode
@@ -54,12 +54,10 @@ class PluginRuntime:
         ``internal_states[].sgl_blend``). ``dp_rank`` names the scheduler's DP rank (None
         without a DP controller): ``internal_states`` lists the ranks in the order they
         answered, not by rank."""
-        from sglang.srt.runtime_context import get_parallel
-
         return {
             "version": __version__,
             "pid": os.getpid(),
-            "dp_rank": get_parallel().dp_rank,
+            "dp_rank": sgl.get_parallel().dp_rank,
             "cpu_kernel_stub": cpu_compat.kernel_stub_active(),
             "offline": self.pool.snapshot() if self.pool is not None else None,
             "colocation": None,
@@ -69,10 +67,8 @@ class PluginRuntime:
         }
 
     def _create_pool(self, tree_cache: Any) -> OfflinePool:
-        from sglang.srt.runtime_context import get_server_args
-
         settings = self.settings
-        server_args = get_server_args()
+        server_args = sgl.get_server_args()
         model = ModelSpec.from_hf_dir(server_args.model_path)
         name = settings.offline_policy
         options = {"utility": settings.psm_utility} if name == PSMPolicy.name and settings.psm_utility is not None else {}

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import HardwareSpec
 from sgl_blend.core.policy_registry import REGISTRY, SERVE, lookup
-from sgl_blend.launch.cpu_compat import cuda_present
+from sgl_blend.cpu_compat import cuda_present
 
 SETTINGS_ENV = "SGLBLEND_SETTINGS"
 OFF = "off"

@@ -16,6 +16,7 @@ import math
 from typing import Any, Callable
 
 from sgl_blend.core.bros.takeover import plan_takeover
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes, holdable, resident_tokens
 from sgl_blend.sglang_plugin.kv_checkpoint import KVCheckpoint
 
@@ -27,11 +28,9 @@ def admission_shortfall(adder: Any, req: Any) -> int:
     ``add_one_req_ignore_eos`` (the new prefill fits now, and every request -- this one, the
     running ones, those admitted this pass -- can still run to its last token when the shortest
     ones finish first, with one spare token each)."""
-    from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS, IGNORE_EOS_RESERVE_TOKENS
-
     extend = len(req.full_untruncated_fill_ids) - req.prefix_len
     if not (req.sampling_params.ignore_eos and getattr(adder.tree_cache, "disable", True)):
-        max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+        max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), sgl.CLIP_MAX_NEW_TOKENS)
         total = extend + max_new + adder.per_req_token_overhead
         return math.floor(total - adder.rem_total_tokens) + 1
     paged = adder.ceil_paged_tokens(extend) + adder.per_req_token_overhead
@@ -42,7 +41,8 @@ def admission_shortfall(adder: Any, req: Any) -> int:
     freed = 0
     for index, (left, occupied) in enumerate(states):
         running = len(states) - index
-        need = max(need, math.floor(left * running + IGNORE_EOS_RESERVE_TOKENS * running - (current - paged) - freed) + 1)
+        reserve = sgl.IGNORE_EOS_RESERVE_TOKENS * running
+        need = max(need, math.floor(left * running + reserve - (current - paged) - freed) + 1)
         freed += occupied
     return need
 
@@ -64,11 +64,9 @@ class SlotTakeover:
     def admit(self, scheduler: Any, adder: Any, req: Any, add: Callable[[], Any]) -> Any:
         """Admit the RT request ``req`` through SGLang's adder (``add``); while the adder says the
         KV pool is short, make room from BE requests and ask again."""
-        from sglang.srt.managers.schedule_policy import AddReqResult
-
         result = add()
         made_room = False
-        while result == AddReqResult.NO_TOKEN and not _admitted(adder, req):
+        while result == sgl.AddReqResult.NO_TOKEN and not _admitted(adder, req):
             need = admission_shortfall(adder, req)
             if need <= 0 or not self._make_room(scheduler, adder.running_batch, need,
                                                 lambda: admission_shortfall(adder, req), lambda r: _unreserve(adder, r)):

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from sgl_blend.core.bros.cost import IterationCost, SwapModel
 from sgl_blend.core.latency_model import BatchShape
-from sgl_blend.measure.online_replay import RequestTiming
+from sgl_blend.core.request_timing import RequestTiming
 from sgl_blend.sim.bros_engine import Arrival, BestEffortPool, SimSettings, simulate
 from sgl_blend.sim.colocation import ColocatedResult, OnlineArrival
 from sgl_blend.sim.step_time import NoisyClock

@@ -38,7 +38,7 @@ from sgl_blend.core.echo_plan import CANDIDATE_WINDOW, OfflineCandidate
 from sgl_blend.core.cost_model import CLIP_MAX_NEW_TOKENS, MIN_NEW_TOKEN_RATIO
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
-from sgl_blend.measure.online_replay import RequestTiming
+from sgl_blend.core.request_timing import RequestTiming
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.step_time import NoisyClock
 from sgl_blend.sim.workload import SimRequest

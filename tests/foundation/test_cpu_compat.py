@@ -17,7 +17,7 @@ def test_torchvision_and_sgl_kernel_import_and_stub_raises() -> None:
     result = run_python(
         """
         import torchvision, sgl_kernel
-        from sgl_blend.launch.cpu_compat import KernelUnavailableError, kernel_stub_active
+        from sgl_blend.cpu_compat import KernelUnavailableError, kernel_stub_active
         assert kernel_stub_active()
         try:
             sgl_kernel.copy_all_layer_kv_cache_cpu(1, 2)

@@ -45,6 +45,7 @@ from sgl_blend.core.bros.takeover import plan_takeover
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.latency_model import model_from_dict
 from sgl_blend.offline import is_offline
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.guard import guarded
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes, in_flight, resident_tokens
 from sgl_blend.sglang_plugin.kv_checkpoint import KVCheckpoint
@@ -215,11 +216,9 @@ class BrosMode(Mode):
         try:
             return self.takeover.admit(self.scheduler, adder, req, add)
         except Exception:
-            from sglang.srt.managers.schedule_policy import AddReqResult
-
             logger.exception(FAILED)
             self.state = None
-            return AddReqResult.OTHER
+            return sgl.AddReqResult.OTHER
 
     def note_arrival(self, scheduler: Any, req: Any) -> None:
         """Every new request, online or offline: its arrival starts its TTFT clock."""

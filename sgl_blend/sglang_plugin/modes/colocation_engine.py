@@ -29,6 +29,7 @@ from sgl_blend.core.colocation import (
 from sgl_blend.core.echo_plan import CANDIDATE_WINDOW, OfflineCandidate
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.offline import is_offline
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.modes.parked_kv import ParkedKV
 
 KEPT_RESUMES = 256
@@ -98,10 +99,8 @@ def iteration_view(scheduler: Any, running_batch: Any, parked_tokens: int = 0, s
 def release_to_cache(state: ColocationState, req: Any, tree_cache: Any, pin: bool) -> None:
     """Retract a request while keeping every token it has computed in the radix cache; with
     ``pin`` that KV stays out of eviction until the request resumes (`ParkedKV`)."""
-    from sglang.srt.mem_cache.common import release_kv_cache
-
     kept = int(req.kv.kv_committed_len)
-    release_kv_cache(req, tree_cache, checkpoint=True)
+    sgl.release_kv_cache(req, tree_cache, checkpoint=True)
     state.parked.park(req, tree_cache, kept, pin)
     req.reset_for_retract()
     state.counts["parked"] += 1
@@ -130,20 +129,18 @@ def offline_newest_first(batch: Any, exclude: Any = ()) -> list[Any]:
 
 def add_offline(state: ColocationState, adder: Any, req: Any, has_chunked_req: bool, add: Callable[[], Any]) -> Any:
     """Admit an offline request through SGLang's adder, its chunk capped by the plan."""
-    from sglang.srt.managers.schedule_policy import AddReqResult
-
     plan = state.plan
     extend = len(req.full_untruncated_fill_ids) - req.prefix_len
     saved = adder.rem_chunk_tokens
     if has_chunked_req and saved is not None and extend > saved:
-        return AddReqResult.OTHER
+        return sgl.AddReqResult.OTHER
     max_new = remaining_output(req)
     chunk = plan.budget.offline_chunk(extend, req.prefix_len, max_new)
     if plan.echo is not None and plan.echo.admit is not None:
         chunk = min(chunk, plan.echo.admit.get(req.rid, 0))
     if chunk <= 0 or (chunk < extend and saved is None):
         state.counts["offline_deferred"] += 1
-        return AddReqResult.OTHER
+        return sgl.AddReqResult.OTHER
     if saved is not None:
         adder.rem_chunk_tokens = min(saved, chunk)
     capped = adder.rem_chunk_tokens
@@ -151,7 +148,7 @@ def add_offline(state: ColocationState, adder: Any, req: Any, has_chunked_req: b
     if saved is not None:
         # SGLang judged "budget left?" against the cap; judge it again against the real room.
         adder.rem_chunk_tokens = saved - (capped - adder.rem_chunk_tokens)
-        if result != AddReqResult.NO_TOKEN:
+        if result != sgl.AddReqResult.NO_TOKEN:
             result = adder.budget_state()
     if not (adder.can_run_list and adder.can_run_list[-1] is req):
         return result
@@ -162,16 +159,14 @@ def add_offline(state: ColocationState, adder: Any, req: Any, has_chunked_req: b
         state.resumes.append({"rid": req.rid, "kept_tokens": kept, "resumed_prefix": int(req.prefix_len)})
     if truncated:
         adder.rem_chunk_tokens = 0
-        return AddReqResult.OTHER
+        return sgl.AddReqResult.OTHER
     return result
 
 
 def add_online(state: ColocationState, adder: Any, req: Any, add: Callable[[], Any]) -> Any:
     """Admit an online request; if KV is short, take it from running offline work and retry."""
-    from sglang.srt.managers.schedule_policy import AddReqResult
-
     result = add()
-    if result != AddReqResult.NO_TOKEN or (adder.can_run_list and adder.can_run_list[-1] is req):
+    if result != sgl.AddReqResult.NO_TOKEN or (adder.can_run_list and adder.can_run_list[-1] is req):
         return result
     if _reclaim_memory(state, adder, req):
         result = add()
@@ -203,15 +198,13 @@ def offline_candidates(waiting_queue: list, tree_cache: Any, reusers: ReuserInde
     """The first offline requests of the ordered waiting queue as the selector sees them. Each is
     matched against the radix cache as SGLang's own LPM ordering does (the adder matches again
     when it admits), so ``prefix`` is what is resident now."""
-    from sglang.srt.mem_cache.common import match_kv_cache
-
     candidates = []
     for req in waiting_queue:
         if len(candidates) >= CANDIDATE_WINDOW:
             break
         if not is_offline(req.routing_key):
             continue
-        match_kv_cache(req, tree_cache)
+        sgl.match_kv_cache(req, tree_cache)
         fill = _context(req)
         prefix = min(int(req.prefix_len), fill - 1)
         prompt = req.origin_input_ids

@@ -12,7 +12,8 @@ raise if they are ever called.
 ``.pth`` file the setup script drops into the virtual environment: SGLang spawns its scheduler and
 detokenizer as fresh interpreters, and each must get the fix before its first SGLang import.
 The finder never acts where CUDA is present, unless ``SGLBLEND_KERNEL_STUB=1`` asks for the
-``sgl_kernel`` stub on a GPU machine that lacks the real package.
+``sgl_kernel`` stub on a GPU machine that lacks the real package. The module sits at the top of the
+package, importing nothing of it, because both the launchers and the SGLang plugin install it.
 """
 
 from __future__ import annotations
