@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="order of offline work (batch lines) in the scheduler: " + describe(SERVE))
     parser.add_argument("--hardware", default=None,
                         help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200, cpu; default cpu without CUDA) or an `sgl-blend profile` JSON")
+    parser.add_argument("--emulate", default=None, metavar="DEVICE",
+                        help="emulate a GPU (h100, a100-80g, or a profile JSON with its memory): SGLang runs for real but "
+                             "the model forward is skipped and priced; --model may then be llama-3.1-8b or llama-3.1-70b "
+                             "and --tp-size is priced, not run. `cpu` runs the real forward and prices it beside")
     batch = parser.add_argument_group("Batch API (/v1/files, /v1/batches)")
     batch.add_argument("--data-dir", type=Path, default=None,
                        help=f"where batch files and the SQLite store live (default {default_data_dir()}, "
@@ -92,8 +96,19 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    model = args.model
+    if args.emulate:
+        from sgl_blend.emulation.launch import emulated_launch
+
+        try:
+            launch = emulated_launch(args.emulate, args.model, sglang_args, cache_dir=args.cache_dir)
+        except (ValueError, FileNotFoundError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        model, sglang_args, settings = str(launch.model_path), launch.sglang_args, launch.settings_for(settings)
+        print(f"sgl-blend: {launch.describe()}", flush=True)
     try:
-        server = start_server(args.model, sglang_args, cache_dir=args.cache_dir, log_path=args.log_file,
+        server = start_server(model, sglang_args, cache_dir=args.cache_dir, log_path=args.log_file,
                               ready_timeout_s=args.ready_timeout, settings=settings, batch_api=batch_api)
     except (ServerStartError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -35,18 +35,22 @@ def default_cache_dir() -> Path:
 
 
 def _models() -> dict[str, LocalModel]:
-    from sgl_blend.models import smollm2, tiny_llama
+    from sgl_blend.models import smollm2, stand_in, tiny_llama
 
     return {
         model.name: model
         for model in (
             LocalModel("tiny-llama", tiny_llama.RECIPE_VERSION, tiny_llama.build, tiny_llama.__doc__.strip().splitlines()[0]),
             LocalModel("smollm2-135m", smollm2.RECIPE_VERSION, smollm2.build, smollm2.__doc__.strip().splitlines()[0]),
+            LocalModel(STAND_IN, stand_in.RECIPE_VERSION, stand_in.build, stand_in.__doc__.strip().splitlines()[0]),
         )
     }
 
 
-MODEL_NAMES = ("tiny-llama", "smollm2-135m")
+# The stand-in an emulated GPU server loads (`sgl_blend.emulation`); built after smollm2-135m, whose
+# tokenizer it takes.
+STAND_IN = "llama-stand-in"
+MODEL_NAMES = ("tiny-llama", "smollm2-135m", STAND_IN)
 
 
 def model_dir(name: str, cache_dir: Path | None = None) -> Path:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 
 from sgl_blend import cpu_compat
+from sgl_blend.emulation.sglang_forward import register as register_emulation
+from sgl_blend.sglang_plugin import sglang_boundary
 from sgl_blend.sglang_plugin.boundary_check import require_boundary
 from sgl_blend.sglang_plugin.hooks import register_hooks
 from sgl_blend.sglang_plugin.radix_backend import register_backend
@@ -40,3 +42,4 @@ def register() -> None:
     runtime = PluginRuntime(plugin_settings())
     register_hooks(runtime)
     register_backend(runtime)
+    register_emulation(runtime.settings.emulation, sglang_boundary)

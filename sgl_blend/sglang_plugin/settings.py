@@ -19,6 +19,7 @@ from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import HardwareSpec
 from sgl_blend.core.policy_registry import REGISTRY, SERVE, lookup
 from sgl_blend.cpu_compat import cuda_present
+from sgl_blend.emulation.config import EmulationConfig
 
 SETTINGS_ENV = "SGLBLEND_SETTINGS"
 OFF = "off"
@@ -39,7 +40,8 @@ class PluginSettings:
     ``psm_utility`` is HyGen's anti-starvation utility for the ``psm`` policy (None: its default).
     ``record_policy_calls`` keeps every call the scheduler makes on the policy, for replay in the
     simulator. ``iteration_log``, when set, is a JSONL file every per-iteration record is
-    appended to (what `sgl-blend profile --latency` fits on)."""
+    appended to (what `sgl-blend profile --latency` fits on). ``emulation``, when set, replaces
+    the model forward with one priced on an emulated device (`sgl_blend.emulation`)."""
 
     offline_policy: str = DEFAULT_POLICY
     hardware: str | None = None
@@ -47,6 +49,7 @@ class PluginSettings:
     record_policy_calls: bool = False
     colocation: ColocationConfig = field(default_factory=ColocationConfig)
     iteration_log: str | None = None
+    emulation: EmulationConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.offline_policy, str):
@@ -67,6 +70,8 @@ class PluginSettings:
             raise SettingsError(f"record_policy_calls must be true or false, got {self.record_policy_calls!r}")
         if not isinstance(self.colocation, ColocationConfig):
             raise SettingsError(f"colocation must be a ColocationConfig, got {self.colocation!r}")
+        if self.emulation is not None and not isinstance(self.emulation, EmulationConfig):
+            raise SettingsError(f"emulation must be an EmulationConfig or null, got {self.emulation!r}")
 
     @property
     def pool_enabled(self) -> bool:
@@ -103,6 +108,14 @@ class PluginSettings:
                 values["colocation"] = ColocationConfig.from_dict(dict(colocation))
             except (TypeError, ValueError) as error:
                 raise SettingsError(f"colocation: {error}") from None
+        emulation = values.pop("emulation", None)
+        if emulation is not None:
+            if not isinstance(emulation, Mapping):
+                raise SettingsError(f"emulation must be a JSON object, got {emulation!r}")
+            try:
+                values["emulation"] = EmulationConfig.from_dict(emulation)
+            except (TypeError, ValueError) as error:
+                raise SettingsError(f"emulation: {error}") from None
         return cls(**values)
 
     @classmethod

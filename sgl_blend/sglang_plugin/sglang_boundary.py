@@ -15,6 +15,10 @@ SGLang passes by name with `bind`, never by position. ``reached`` says how the p
 (``req.kv`` is a `ReqKvInfo`); ``owned`` lists attributes the plugin itself sets on SGLang's
 objects, which SGLang must not define. The launcher (`sgl_blend.launch.http_process`) imports
 SGLang's server entry points directly: a rename there fails loudly at start-up already.
+
+The emulated GPU (`sgl_blend.emulation`) enters SGLang through this table too: the plugin hands
+this module to it (`sgl_blend.emulation.sglang_forward.register`), since the plugin imports the
+emulation package and the emulation cannot import the plugin back.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ NAMES: dict[str, str] = {
     "UpdateHandler": f"{STATE}._UpdateHandler",
     "get_parallel": "sglang.srt.runtime_context.get_parallel",
     "get_server_args": "sglang.srt.runtime_context.get_server_args",
+    "GenerationBatchResult": "sglang.srt.managers.utils.GenerationBatchResult",
+    "LogitsProcessorOutput": "sglang.srt.layers.logits_processor.LogitsProcessorOutput",
 }
 
 # Where the plugin enters SGLang (`hooks`, `internal_state`).
@@ -113,8 +119,14 @@ GET_INTERNAL_STATE = Hook(f"{STATE}.SchedulerInternalStateController.get_interna
                           "the plugin's state in /server_info")
 UPDATE_HANDLERS = Hook(f"{STATE}.SchedulerInternalStateController._update_handlers", "AFTER", "",
                        "sgl_blend_* settings through /set_internal_state")
+# The emulated GPU (`sgl_blend.emulation.sglang_forward`; its clock joins /server_info on GET_INTERNAL_STATE).
+EMULATED_FORWARD = Hook("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "AROUND", "batch",
+                        "the emulated GPU: the model forward, skipped (or run and timed) and priced")
+EMULATION_NO_BATCH = Hook(f"{SCHEDULER}.Scheduler.on_idle", "BEFORE", "",
+                          "the emulated GPU idles from a loop that found no batch to the next forward")
 HOOKS = (CALC_PRIORITY, PREFILL_ADDER_CLASS, NEW_PREFILL_BATCH, UPDATE_RUNNING_BATCH, RUN_BATCH,
-         PROCESS_BATCH_RESULT, ADD_REQUEST_TO_QUEUE, IS_FULLY_IDLE, ABORT_REQUEST, GET_INTERNAL_STATE, UPDATE_HANDLERS)
+         PROCESS_BATCH_RESULT, ADD_REQUEST_TO_QUEUE, IS_FULLY_IDLE, ABORT_REQUEST, GET_INTERNAL_STATE, UPDATE_HANDLERS,
+         EMULATED_FORWARD, EMULATION_NO_BATCH)
 
 # Callables whose parameters the plugin names: keywords it passes, arguments it reads, overrides.
 ADDER_INIT = Call(f"{POLICY}.PrefillAdder.__init__", "rem_chunk_tokens num_mixed_decode_tokens",
@@ -138,6 +150,10 @@ CALLS = (
     Call("sglang.srt.managers.overlap_utils.RelayPayload", "bonus_tokens", "a resumed request's last token"),
     Call("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch", "batch vocab_size",
          "sampling state of a resumed request"),
+    Call("sglang.srt.managers.utils.GenerationBatchResult", "logits_output next_token_ids",
+         "the emulated GPU: what a skipped forward returns"),
+    Call("sglang.srt.layers.logits_processor.LogitsProcessorOutput", "next_token_logits",
+         "the emulated GPU: what a skipped forward returns"),
 )
 
 # Attributes read or written on SGLang's objects (or their instances), how the plugin's code names them, why.
@@ -174,10 +190,15 @@ SURFACES = (
             "sampling_info check_decode_mem new_tokens_required_next_decode init_new",
             "batch running_batch resumed adder.running_batch",
             "iteration records; holding, resuming and parking requests"),
+    Surface(f"{BATCH}.ScheduleBatch",
+            "forward_mode reqs device extend_lens prefix_lens seq_lens seq_lens_cpu mix_running_indices_cpu "
+            "return_logprob return_hidden_states sampling_info", "scheduled",
+            "the emulated GPU: a forward's shape, and whether it needs the real model"),
     Surface("sglang.srt.model_executor.forward_batch_info.ForwardMode", "is_decode is_mixed name",
-            "batch.forward_mode", "the iteration record's mode"),
-    Surface("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo", "penalizer_orchestrator from_schedule_batch",
-            "batch.sampling_info", "penalizers of a resumed request"),
+            "batch.forward_mode scheduled.forward_mode", "the iteration record's mode, the emulated forward's kind"),
+    Surface("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo",
+            "penalizer_orchestrator from_schedule_batch grammars", "batch.sampling_info scheduled.sampling_info",
+            "penalizers of a resumed request; a constrained batch needs the emulated GPU's real model"),
     Surface("sglang.srt.sampling.penaltylib.orchestrator.BatchedPenalizerOrchestrator",
             "is_required cumulate_output_tokens", "orchestrator", "output tokens replayed to the penalizers"),
     Surface(f"{CACHE}.base_prefix_cache.BasePrefixCache",
@@ -205,7 +226,7 @@ SURFACES = (
     Surface("sglang.srt.managers.io_struct.AbortReq", "rid abort_all finished_reason",
             "recv_req", "aborting held decodes"),
     Surface("sglang.srt.managers.io_struct.GetInternalStateReqOutput", "internal_state",
-            "result", "the plugin's state in /server_info"),
+            "result", "the plugin's state (and the emulated GPU's clock) in /server_info"),
     Surface(f"{CACHE}.registry.TreeCacheBuildContext", "params", "context", "building the backend's cache"),
     Surface("sglang.srt.runtime_context.ParallelContext", "dp_rank", "sgl.get_parallel()",
             "the DP rank in /server_info"),

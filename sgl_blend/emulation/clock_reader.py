@@ -1,0 +1,53 @@
+"""A job's emulated time, from two readings of an emulated server's clock.
+
+A job that runs between two readings took, on the emulated device, the device time of the forwards
+in between plus the time the device sat idle: ``Δdevice_seconds + Δidle_wall_seconds``. A server
+with several DP ranks emulates one device per rank; they run side by side, so the job took as
+long as the slowest rank's share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from sgl_blend.client.http import server_info
+from sgl_blend.emulation.config import EMULATION_KEY, STATE_KEY
+
+
+@dataclass(frozen=True)
+class ClockReading:
+    """Each DP rank's emulation state (``/server_info`` → ``internal_states[i].sgl_blend.emulation``)."""
+
+    ranks: Mapping[int, Mapping[str, Any]]
+
+    @classmethod
+    def from_server_info(cls, info: Mapping[str, Any]) -> ClockReading:
+        """Ranks are keyed by ``sgl_blend.dp_rank`` (``internal_states`` lists them in the order they
+        answered); a server that emulates nothing raises."""
+        ranks: dict[int, Mapping[str, Any]] = {}
+        for index, state in enumerate(info.get("internal_states") or ()):
+            plugin = state.get(STATE_KEY) or {}
+            if EMULATION_KEY in plugin:
+                rank = plugin.get("dp_rank")
+                ranks[index if rank is None else int(rank)] = plugin[EMULATION_KEY]
+        if not ranks:
+            raise ValueError("the server emulates no device (no sgl_blend.emulation in /server_info)")
+        return cls(ranks)
+
+    def emulated_seconds(self, rank: int) -> float:
+        """Rank ``rank``'s emulated time since its start: device time plus idle time."""
+        state = self.ranks[rank]
+        return float(state["device_seconds"]) + float(state["idle_wall_seconds"])
+
+
+def read_clock(base_url: str, api_key: str | None = None) -> ClockReading:
+    return ClockReading.from_server_info(server_info(base_url, api_key))
+
+
+def emulated_seconds(before: ClockReading, after: ClockReading) -> float:
+    """Emulated seconds between two readings of the same server: the slowest rank's
+    ``Δdevice_seconds + Δidle_wall_seconds``."""
+    if set(before.ranks) != set(after.ranks):
+        raise ValueError(f"the readings are of different ranks: {sorted(before.ranks)} and {sorted(after.ranks)}")
+    return max(after.emulated_seconds(rank) - before.emulated_seconds(rank) for rank in after.ranks)

@@ -1,0 +1,145 @@
+"""Where the emulated GPU enters SGLang: the hooks around the model forward.
+
+The forward is replaced at ``TpModelWorker.forward_batch_generation``, the one call the scheduler
+makes per forward (``Scheduler.run_batch``). Everything before it -- admission, the radix-cache
+match, KV allocation, chunking, mixing running decodes into a prefill, retraction -- and everything
+after it -- ``process_batch_result``, the radix-cache insert, finishing, the detokenizer -- is
+SGLang's own code running for real. In between, a skipped forward returns the emulated token for
+every request, which is all the scheduler reads from a plain generation batch, and writes no KV
+(the slots SGLang allocated are never read). A batch that asks for more than tokens (logprobs,
+hidden states, a grammar) runs the stand-in model for real so its answer has every field SGLang
+fills -- its values are the stand-in's over KV the skipped forwards never wrote -- and is priced
+the same. Each forward is priced from the batch's own lengths (`pricing`), and the clock (`clock`)
+is reported in ``/server_info``.
+
+Every SGLang internal this touches is a row of the plugin's boundary table
+(`sgl_blend.sglang_plugin.sglang_boundary`: ``EMULATED_FORWARD``, ``EMULATION_NO_BATCH``,
+``GET_INTERNAL_STATE``, the ``scheduled`` batch's attributes, the two result classes), which the
+plugin checks against the installed SGLang before anything registers. The plugin passes that module
+in (`Boundary`): it imports this package for `EmulationConfig`, so this package cannot import it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from typing import Any, Callable, Protocol
+
+from sgl_blend.core.latency_model import BatchShape
+from sgl_blend.emulation.clock import DeviceClock
+from sgl_blend.emulation.config import EMULATION_KEY, STATE_KEY, EmulationConfig
+from sgl_blend.emulation.devices import resolve_device
+from sgl_blend.emulation.pricing import DECODE, MIXED, PREFILL, ForwardPricer, batch_shape
+
+logger = logging.getLogger(__name__)
+
+# ForwardMode names the emulation prices; any other forward (speculative, disaggregated, DP idle)
+# runs as SGLang runs it, unpriced.
+KIND_BY_MODE = {"EXTEND": PREFILL, "DECODE": DECODE, "MIXED": MIXED}
+
+
+class Boundary(Protocol):
+    """What the emulation uses of the plugin's SGLang boundary (the ``sglang_boundary`` module)."""
+
+    EMULATED_FORWARD: Any
+    EMULATION_NO_BATCH: Any
+    GET_INTERNAL_STATE: Any
+    GenerationBatchResult: Any
+    LogitsProcessorOutput: Any
+
+    def register_hook(self, hook: Any, function: Callable[..., Any]) -> None: ...
+
+    def bind(self, call: Any, *args: Any, **kwargs: Any) -> inspect.BoundArguments: ...
+
+
+def read_batch(scheduled: Any) -> tuple[str, BatchShape] | None:
+    """The kind and shape of the forward SGLang is about to run; None for a forward not priced.
+
+    A prefill row extends a request by ``extend_lens[i]`` tokens on ``prefix_lens[i]`` cached
+    ones; a decode row attends to its whole sequence. In a mixed batch SGLang appends the running
+    decodes after the prefill rows (``mix_with_running``), as many as ``mix_running_indices_cpu``.
+    """
+    kind = KIND_BY_MODE.get(getattr(getattr(scheduled, "forward_mode", None), "name", None))
+    if kind is None:
+        return None
+    if kind == DECODE:
+        lengths = scheduled.seq_lens_cpu if scheduled.seq_lens_cpu is not None else scheduled.seq_lens
+        return kind, batch_shape(decode_contexts=[int(length) for length in lengths.tolist()])
+    rows = list(zip(scheduled.extend_lens, scheduled.prefix_lens))
+    decodes = len(scheduled.mix_running_indices_cpu) if kind == MIXED else 0
+    prefills = rows[:len(rows) - decodes]
+    return kind, batch_shape(prefills, [extend + prefix for extend, prefix in rows[len(prefills):]])
+
+
+def needs_model_outputs(scheduled: Any) -> bool:
+    """Whether the batch asks for more than the next tokens, which only a real forward gives."""
+    sampling = scheduled.sampling_info
+    return bool(scheduled.return_logprob or scheduled.return_hidden_states
+                or (sampling is not None and sampling.grammars is not None))
+
+
+class Emulator:
+    """The scheduler process's emulated device: prices forwards, keeps the clock, reports it."""
+
+    def __init__(self, config: EmulationConfig, boundary: Boundary) -> None:
+        self.config = config
+        self.boundary = boundary
+        self.pricer = ForwardPricer.of(resolve_device(config.device), config.model, config.tp)
+        self.clock = DeviceClock()
+
+    def forward(self, original: Callable[..., Any], worker: Any, *args: Any, **kwargs: Any) -> Any:
+        scheduled = self.boundary.bind(self.boundary.EMULATED_FORWARD, worker, *args, **kwargs).arguments["batch"]
+        priced = read_batch(scheduled)
+        if priced is None:
+            return original(worker, *args, **kwargs)
+        kind, shape = priced
+        self.clock.busy()
+        seconds = self.pricer.seconds(shape)
+        if self.config.runs_model:
+            started = time.perf_counter()
+            result = original(worker, *args, **kwargs)
+            self.clock.forward(kind, shape, seconds, time.perf_counter() - started)
+            return result
+        result = original(worker, *args, **kwargs) if needs_model_outputs(scheduled) else self.skipped(scheduled)
+        self.clock.forward(kind, shape, seconds)
+        return result
+
+    def skipped(self, scheduled: Any) -> Any:
+        """What the forward returns when it computes nothing: the emulated token for every request."""
+        import torch
+
+        tokens = torch.full((len(scheduled.reqs),), self.config.token_id, dtype=torch.int64, device=scheduled.device)
+        return self.boundary.GenerationBatchResult(
+            logits_output=self.boundary.LogitsProcessorOutput(next_token_logits=None), next_token_ids=tokens)
+
+    def no_batch(self, *_args: Any, **_kwargs: Any) -> None:
+        self.clock.idle()
+
+    def report(self, result: Any, *_args: Any, **_kwargs: Any) -> Any:
+        result.internal_state.setdefault(STATE_KEY, {})[EMULATION_KEY] = self.state()
+        return result
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "device": self.config.device,
+            "hardware": self.pricer.hardware_name,
+            "model": self.config.model,
+            "model_shape": self.pricer.model.name,
+            "tp": self.config.tp,
+            "real_forward": self.config.runs_model,
+            "token_id": self.config.token_id,
+            **self.clock.state(),
+        }
+
+
+def register(config: EmulationConfig | None, boundary: Boundary) -> None:
+    """Hook the emulated device into this SGLang process, when the launcher asked for one."""
+    if config is None:
+        return
+    emulator = Emulator(config, boundary)
+    boundary.register_hook(boundary.EMULATED_FORWARD, emulator.forward)
+    boundary.register_hook(boundary.EMULATION_NO_BATCH, emulator.no_batch)
+    boundary.register_hook(boundary.GET_INTERNAL_STATE, emulator.report)
+    logger.info("sgl-blend emulates %s (%s) running %s at TP %d", config.device, emulator.pricer.hardware_name,
+                emulator.pricer.model.name, config.tp)
