@@ -22,6 +22,7 @@ from sgl_blend.workloads.batch_files import evaluation_lines
 from bench.real_engine import ratios, workload_parser, write_report
 from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.jobs.fresh_server import policy_launch
+from sgl_blend.launch.flags import with_defaults
 from sgl_blend.launch.supervisor import start_server
 
 RESULTS = Path(__file__).parent / "results"
@@ -31,11 +32,11 @@ API_KEY = "sk-bench"
 def run_policy(model: str, policy: str, halves: list[bytes], work: Path, kv_tokens: int, port: int,
                window: int) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    flags, settings = policy_launch(policy)
+    settings = policy_launch(policy)
     config = BatchApiConfig(data_dir=work / "data", max_inflight=window)
-    server = start_server(model, ["--port", str(port), "--api-key", API_KEY, "--enable-cache-report",
-                                  "--max-total-tokens", str(kv_tokens), *flags],
-                          log_path=work / "server.log", settings=settings, batch_api=config)
+    args = with_defaults(["--port", str(port), "--api-key", API_KEY, "--enable-cache-report",
+                          "--max-total-tokens", str(kv_tokens)], settings.sglang_flags())
+    server = start_server(model, args, log_path=work / "server.log", settings=settings, batch_api=config)
     try:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
         files = [client.files.create(file=(f"half{index}.jsonl", data), purpose="batch").id

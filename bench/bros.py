@@ -157,7 +157,7 @@ def client_metrics(timings: list[Any], be_done: int, window_s: float, slo: SLO) 
 def synthetic_be_lines(count: int, seed: int) -> list[Any]:
     """Offline lines with prompts of U(512, 1024) tokens (words from a small vocabulary, about a
     token each) and U(32, 128) output tokens."""
-    from sgl_blend.jobs.lines import BatchLine, parse_line
+    from sgl_blend.batch_lines.lines import BatchLine, parse_line
 
     rng = random.Random(seed)
     words = ["alpha", "river", "stone", "light", "paper", "cloud", "green", "metal", "field", "north"]

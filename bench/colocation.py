@@ -65,7 +65,7 @@ from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, p
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.latency_model import load_model
 from sgl_blend.core.slo_search import METRICS, SLO, search_budget, steps_for, violations
-from sgl_blend.jobs.lines import BatchLine, parse_line
+from sgl_blend.batch_lines.lines import BatchLine, parse_line
 from sgl_blend.launch.colocation import colocation_launch, with_free_port
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from sgl_blend.measure.online_replay import OfflineLoad, OnlineRequest, RequestTiming, replay_with_offline, summarize

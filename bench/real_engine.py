@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from sgl_blend.workloads.batch_files import evaluation_lines, write_jsonl
 from sgl_blend.jobs.fresh_server import run_on_fresh_server
+from sgl_blend.jobs.run_batch import JobOptions, job_store_dir
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -29,10 +31,11 @@ def run_policy(model: str, policy: str, batch_file: Path, work: Path, kv_tokens:
     work.mkdir(parents=True, exist_ok=True)
     for stale in ("out.jsonl", "errors.jsonl"):
         (work / stale).unlink(missing_ok=True)
+    shutil.rmtree(job_store_dir(work / "out.jsonl"), ignore_errors=True)
     totals, state = run_on_fresh_server(
-        model, policy, batch_file, work / "out.jsonl", work / "errors.jsonl", max_inflight=window,
-        sglang_args=["--port", str(port), "--max-total-tokens", str(kv_tokens)], server_log=work / "server.log",
-        show_progress=False)
+        model, policy, batch_file, work / "out.jsonl", work / "errors.jsonl",
+        options=JobOptions(max_inflight=window, show_progress=False),
+        sglang_args=["--port", str(port), "--max-total-tokens", str(kv_tokens)], server_log=work / "server.log")
     offline = (state or {}).get("offline") or {}
     return {"policy": policy, "window": window, **totals.summary(), "scheduler_counts": offline.get("counts", {})}
 

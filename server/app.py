@@ -23,7 +23,8 @@ from sgl_blend.server.runner import BatchRunner
 from sgl_blend.server.store import BatchStore
 
 if TYPE_CHECKING:
-    from sgl_blend.jobs.line_plan import LinePlanner
+    from sgl_blend.batch_lines.plan import LinePlanner
+    from sgl_blend.batch_lines.tokenize import LineTokenizer
 
 
 def loopback_url(host: str, port: int) -> str:
@@ -34,11 +35,11 @@ def loopback_url(host: str, port: int) -> str:
 
 def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, api_key: str | None,
                       admin_api_key: str | None = None, assigner: Assigner = split_evenly,
-                      planner: LinePlanner | None = None) -> None:
+                      planner: LinePlanner | None = None, tokenizer: LineTokenizer | None = None) -> None:
     """Open the store (failing now, before SGLang loads a model, if it cannot be opened) and mount
     the routes; the runner starts with the app. It sends lines to this server and to the
     configured workers, spread over their DP ranks by ``assigner``, in the global plan's order
-    when a ``planner`` is given."""
+    when a ``planner`` is given; ``tokenizer`` is the served model's, for the prompts both read."""
     store = BatchStore.open(config.store_url, config.data_dir)
     blobs = BlobDir(config.data_dir)
     runners: list[BatchRunner] = []
@@ -60,7 +61,7 @@ def install_batch_api(app: FastAPI, config: BatchApiConfig, *, self_url: str, ap
                                  owner=f"{socket.gethostname()}:{self_url.rsplit(':', 1)[1]}", api_key=api_key,
                                  admin_api_key=admin_api_key,
                                  max_inflight=config.max_inflight, max_file_lines=config.max_file_lines,
-                                 planner=planner)
+                                 max_line_bytes=config.max_line_bytes, planner=planner, tokenizer=tokenizer)
             runners.append(runner)
             task = asyncio.create_task(runner.run())
             try:

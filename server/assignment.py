@@ -4,17 +4,18 @@ The runner assigns a batch's unfinished lines whenever it takes the batch up, an
 worker dies, so whatever is left is spread over the workers alive at that moment. A worker server
 started with ``--dp-size N`` offers N slots, one per DP rank; a line assigned to a rank is sent
 with SGLang's ``routed_dp_rank`` so that SGLang's own DP controller puts it there. An `Assigner`
-sees each unfinished line's index row and can read the line itself (``read_line``), so it may
-spread a batch by its prompts' shared prefixes as well as by count; it returns each slot's lines.
+sees each unfinished line's index row and the prompts validation tokenised (line number ->
+`WorkItem`; empty when nothing was tokenised), so it may spread a batch by its prompts' shared
+prefixes as well as by count; it returns each slot's lines.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
-from sgl_blend.jobs.lines import SUPPORTED_URLS, BatchLine, parse_line
-from sgl_blend.jobs.line_work import LinePartitioner
+from sgl_blend.core.cost_model import CostModel
+from sgl_blend.core.dp_shares import WorkItem, plan_shares
 from sgl_blend.server.store import LineRow
 
 
@@ -32,11 +33,11 @@ def worker_slots(worker: str, dp_size: int) -> list[Slot]:
 
 
 Assignment = dict[Slot, list[int]]
-Assigner = Callable[[Sequence[LineRow], Sequence[Slot], Callable[[LineRow], bytes]], Assignment]
+Assigner = Callable[[Sequence[LineRow], Sequence[Slot], Mapping[int, WorkItem]], Assignment]
 
 
 def split_evenly(lines: Sequence[LineRow], slots: Sequence[Slot],
-                 read_line: Callable[[LineRow], bytes] | None = None) -> Assignment:
+                 prompts: Mapping[int, WorkItem] | None = None) -> Assignment:
     """Contiguous runs of the lines in file order, of near-equal size, one per slot, so that
     neighbouring lines (which often share a prompt prefix) stay together."""
     numbers = sorted(line.line_number for line in lines)
@@ -48,37 +49,23 @@ def split_evenly(lines: Sequence[LineRow], slots: Sequence[Slot],
     return assignment
 
 
-def parse_rows(rows: Sequence[LineRow], read_line: Callable[[LineRow], bytes],
-               urls: tuple[str, ...]) -> tuple[list[tuple[LineRow, BatchLine]], list[LineRow]]:
-    """The stored lines that will run, each with its parsed line, and those that fail without
-    running (marked invalid at validation, or not parsing now)."""
-    runnable: list[tuple[LineRow, BatchLine]] = []
-    invalid: list[LineRow] = []
-    for row in rows:
-        parsed = None if row.error_code else parse_line(read_line(row).decode("utf-8", "replace"),
-                                                        row.line_number, urls)
-        if isinstance(parsed, BatchLine):
-            runnable.append((row, parsed))
-        else:
-            invalid.append(row)
-    return runnable, invalid
-
-
 class PrefixAssigner:
     """BlendServe's DP partition (paper §5.5) as an `Assigner`: one prefix tree over the lines,
-    planned and cut into balanced shares of whole subtrees, one share per slot. Lines that will
-    not run (invalid ones) cost nothing and are spread by count."""
+    planned and cut into balanced shares of whole subtrees, one share per slot. Lines without a
+    prompt (invalid ones, which cost nothing) are spread by count."""
 
-    def __init__(self, partitioner: LinePartitioner) -> None:
-        self.partitioner = partitioner
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
 
     def __call__(self, lines: Sequence[LineRow], slots: Sequence[Slot],
-                 read_line: Callable[[LineRow], bytes]) -> Assignment:
+                 prompts: Mapping[int, WorkItem]) -> Assignment:
         if len(slots) <= 1:
             return split_evenly(lines, slots)
-        parsed, invalid = parse_rows(lines, read_line, SUPPORTED_URLS)
-        shares = self.partitioner.shares([line for _row, line in parsed], len(slots))
+        placed = [prompts[line.line_number] for line in lines if line.line_number in prompts]
+        rest = [line for line in lines if line.line_number not in prompts]
+        shares = plan_shares(placed, len(slots), self.cost_model).shares
         assignment: Assignment = {slot: share for slot, share in zip(slots, shares) if share}
-        for slot, numbers in split_evenly(invalid, slots).items():
+        for slot, numbers in split_evenly(rest, slots).items():
             assignment.setdefault(slot, []).extend(numbers)
         return assignment
+

@@ -1,18 +1,22 @@
-"""File contents on disk, under ``DATA_DIR/files``, each named by its server-generated id.
+"""File contents on disk, under ``DATA_DIR/files``, each named by its server-generated id, and
+each running batch's prepared lines under ``DATA_DIR/prepared/BATCH_ID`` (`server.prepared`).
 
-A path is only ever built from an id that passed `ids.is_file_id`, never from request text. An
-upload is written to ``ID.part`` and renamed once complete and synced, so a crash mid-upload
-leaves no half file under a real id.
+A path is only ever built from an id that passed `ids.is_file_id` (or `ids.is_batch_id`), never
+from request text. An upload is written to ``ID.part`` and renamed once complete and synced, so a
+crash mid-upload leaves no half file under a real id. `sgl-blend run-batch` names its own paths
+for its three files (``named``): its input is read where it lies and its results are written
+straight into the output and error files the user asked for.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, Mapping
 
-from sgl_blend.server.ids import is_file_id
+from sgl_blend.server.ids import is_batch_id, is_file_id
 
 PARTIAL_SUFFIX = ".part"
 STALE_PARTIAL_S = 3600.0
@@ -20,14 +24,25 @@ READ_CHUNK = 1 << 20
 
 
 class BlobDir:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, named: Mapping[str, Path] | None = None) -> None:
         self.root = Path(data_dir) / "files"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.prepared_root = Path(data_dir) / "prepared"
+        self._named = dict(named or {})
 
     def path(self, file_id: str) -> Path:
         if not is_file_id(file_id):
             raise ValueError(f"not a file id: {file_id!r}")
-        return self.root / file_id
+        return self._named.get(file_id) or self.root / file_id
+
+    def prepared_dir(self, batch_id: str) -> Path:
+        if not is_batch_id(batch_id):
+            raise ValueError(f"not a batch id: {batch_id!r}")
+        return self.prepared_root / batch_id
+
+    def delete_prepared(self, batch_id: str) -> None:
+        """A finished batch's prepared lines are not needed again."""
+        shutil.rmtree(self.prepared_dir(batch_id), ignore_errors=True)
 
     def partial_path(self, file_id: str) -> Path:
         return self.path(file_id).with_suffix(PARTIAL_SUFFIX)
@@ -38,7 +53,7 @@ class BlobDir:
         with partial.open("rb") as handle:
             os.fsync(handle.fileno())
         partial.rename(self.path(file_id))
-        self._sync_dir()
+        sync_dir(self.root)
 
     def open_append(self, file_id: str) -> BinaryIO:
         return self.path(file_id).open("ab")
@@ -81,9 +96,16 @@ class BlobDir:
                 removed += 1
         return removed
 
-    def _sync_dir(self) -> None:
-        descriptor = os.open(self.root, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+
+def sync_file(handle: BinaryIO) -> None:
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def sync_dir(folder: Path) -> None:
+    """Make a rename or a new entry in ``folder`` durable."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

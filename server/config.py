@@ -11,6 +11,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES
+
 CONFIG_ENV = "SGLBLEND_BATCH_API"
 DATA_DIR_ENV = "SGLBLEND_DATA_DIR"
 # OpenAI's own limits for a batch input file.
@@ -38,6 +40,7 @@ class BatchApiConfig:
     store_url: str = ""
     max_file_lines: int = DEFAULT_MAX_FILE_LINES
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     max_inflight: int = DEFAULT_MAX_INFLIGHT
     workers: tuple[str, ...] = ()
     worker_grace_s: float = DEFAULT_WORKER_GRACE_S

@@ -10,19 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
-from sgl_blend.core.placement import Placement
-from sgl_blend.jobs.lines import LineError, line_error_record, parse_line
-from sgl_blend.jobs.sender import LineOutcome, LineUsage, WorkerUnreachable
+from sgl_blend.batch_lines.lines import LineError, line_error_record
+from sgl_blend.batch_lines.sender import LineOutcome, LineUsage, WorkerUnreachable
 from sgl_blend.offline import offline_headers
+from sgl_blend.server.active import ActiveBatch, Feed
 from sgl_blend.server.assignment import Assigner, Slot
-from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.planning import GlobalPlanState
 from sgl_blend.server.results import LineResult, ResultWriter
-from sgl_blend.server.store import BatchRow, BatchStore, LineRow
+from sgl_blend.server.store import BatchStore, LineRow
 from sgl_blend.server.workers import Worker, WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -30,61 +27,10 @@ FEED_CHUNK = 256
 ABORT_ROUNDS, ABORT_ROUND_S = 30, 1.0
 
 
-@dataclass
-class Feed:
-    """A batch's unfinished lines for one slot, fetched from the store a chunk at a time."""
-
-    after_line: int = 0
-    after_rank: int = -2  # plan ranks start at -1 (lines that fail without running)
-    buffer: deque[LineRow] = field(default_factory=deque)
-    retry: deque[LineRow] = field(default_factory=deque)
-    exhausted: bool = False
-
-    def next(self) -> LineRow | None:
-        if self.retry:
-            return self.retry.popleft()
-        return self.buffer.popleft() if self.buffer else None
-
-    def peek(self) -> LineRow | None:
-        if self.retry:
-            return self.retry[0]
-        return self.buffer[0] if self.buffer else None
-
-    @property
-    def empty(self) -> bool:
-        return self.exhausted and not self.buffer and not self.retry
-
-
-@dataclass
-class ActiveBatch:
-    row: BatchRow
-    # one per slot the batch's lines are assigned to; empty until the batch is assigned
-    feeds: dict[Slot, Feed] = field(default_factory=dict)
-    inflight: dict[int, asyncio.Task] = field(default_factory=dict)
-    # line number -> (worker, SGLang request id) of each line being sent
-    requests: dict[int, tuple[str, str]] = field(default_factory=dict)
-    task: asyncio.Task | None = None
-    closing: bool = False
-    planned: bool = False
-
-    @property
-    def id(self) -> str:
-        return self.row.id
-
-    @property
-    def dispatching(self) -> bool:
-        return self.row.status == "in_progress" and not self.closing and bool(self.feeds) and self.planned
-
-    def reread(self) -> None:
-        """Forget what the feeds buffered and read each slot's unfinished lines from the store again
-        (lines in flight are skipped as they are read)."""
-        self.feeds = {slot: Feed() for slot in self.feeds}
-
-
 class Dispatcher:
-    def __init__(self, pool: WorkerPool, store: BatchStore, blobs: BlobDir, writer: ResultWriter, *, owner: str,
+    def __init__(self, pool: WorkerPool, store: BatchStore, writer: ResultWriter, *, owner: str,
                  assigner: Assigner, global_plan: GlobalPlanState | None, wake: Callable[[], None]) -> None:
-        self.pool, self.store, self.blobs, self.writer = pool, store, blobs, writer
+        self.pool, self.store, self.writer = pool, store, writer
         self.owner, self.assigner, self.global_plan, self.wake = owner, assigner, global_plan, wake
 
     def needs_assigning(self, batch: ActiveBatch) -> bool:
@@ -103,12 +49,8 @@ class Dispatcher:
             lines = [line for line in lines if line.worker in dead]
             logger.warning("batch %s: moving %d unfinished lines of %s to %s", batch.id, len(lines),
                            ", ".join(sorted(dead)), ", ".join(sorted({slot.worker for slot in slots})))
-        input_file = batch.row.input_file_id
-
-        def read_line(line: LineRow) -> bytes:
-            return self.blobs.read_range(input_file, line.byte_offset, line.byte_length)
-
-        assignment = await asyncio.to_thread(self.assigner, lines, slots, read_line)
+        prompts = await batch.prompts()
+        assignment = await asyncio.to_thread(self.assigner, lines, slots, prompts)
         await asyncio.to_thread(self.store.assign, batch.id, self.owner, assignment)
         batch.feeds = {slot: Feed() for slot in slots}
 
@@ -185,26 +127,21 @@ class Dispatcher:
             error = LineError(line.line_number, line.custom_id, line.error_code, line.error_message or "")
             outcome = LineOutcome(False, line_error_record(error), LineUsage())
         else:
-            raw = self.blobs.read_range(batch.row.input_file_id, line.byte_offset, line.byte_length)
-            parsed = parse_line(raw.decode("utf-8"), line.line_number, (batch.row.endpoint,))
-            if isinstance(parsed, LineError):
-                outcome = LineOutcome(False, line_error_record(parsed), LineUsage())
-            else:
-                rid = f"{batch.id}-{line.line_number}-{secrets.token_hex(4)}"
-                batch.requests[line.line_number] = (worker.url, rid)
-                try:
-                    placement = Placement.decode(line.placement) if line.placement else None
-                    outcome = await self.pool.send(worker, parsed, offline_headers(batch.id, placement), rid,
-                                                   line.dp_rank)
-                except WorkerUnreachable:
-                    feed = batch.feeds.get(Slot(worker.url, line.dp_rank))
-                    if feed is not None and worker.live:
-                        feed.retry.append(line)
-                    else:  # its slot is gone: the line is another slot's now, and read again there
-                        batch.reread()
-                    return
-                if outcome.aborted and batch.closing:
-                    return  # stopped by our own abort: the line never finished
+            request = batch.prepared.request(line.byte_offset, line.byte_length)
+            rid = f"{batch.id}-{line.line_number}-{secrets.token_hex(4)}"
+            batch.requests[line.line_number] = (worker.url, rid)
+            try:
+                outcome = await self.pool.send(worker, line.custom_id, request,
+                                               offline_headers(batch.id, line.placement), rid, line.dp_rank)
+            except WorkerUnreachable:
+                feed = batch.feeds.get(Slot(worker.url, line.dp_rank))
+                if feed is not None and worker.live:
+                    feed.retry.append(line)
+                else:  # its slot is gone: the line is another slot's now, and read again there
+                    batch.reread()
+                return
+            if outcome.aborted and batch.closing:
+                return  # stopped by our own abort: the line never finished
         if self.global_plan is not None:
             self.global_plan.line_done((batch.id, line.line_number), outcome)
         self.writer.put(LineResult(batch.id, line.line_number, outcome))

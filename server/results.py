@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from sgl_blend.jobs.sender import LineOutcome
+from sgl_blend.batch_lines.sender import LineOutcome
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.store import AlreadyCommitted, BatchCommit, BatchStore, LeaseLost
 

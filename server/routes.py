@@ -18,7 +18,7 @@ from typing import Any, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from sgl_blend.jobs.lines import SUPPORTED_URLS
+from sgl_blend.batch_lines.lines import SUPPORTED_URLS
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.server.errors import ApiError, not_found

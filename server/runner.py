@@ -19,19 +19,22 @@ import logging
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from sgl_blend.jobs.lines import error_record
-from sgl_blend.jobs.sender import LineOutcome, LineUsage
+from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES, endpoint_urls, error_record
+from sgl_blend.batch_lines.sender import LineOutcome, LineUsage
+from sgl_blend.server.active import ActiveBatch, ActiveBatches
 from sgl_blend.server.assignment import Assigner, split_evenly
 from sgl_blend.server.blobs import BlobDir
-from sgl_blend.server.dispatch import FEED_CHUNK, ActiveBatch, Dispatcher
+from sgl_blend.server.dispatch import FEED_CHUNK, Dispatcher
 from sgl_blend.server.planning import GlobalPlanState
+from sgl_blend.server.prepared import PreparedBatch
 from sgl_blend.server.results import LineResult, ResultWriter
 from sgl_blend.server.store import BatchRow, BatchStore, Conflict, FileRow, LeaseLost
-from sgl_blend.server.validation import FileRejected, index_input_file
+from sgl_blend.server.validation import FileRejected, LineLimits, index_batch
 from sgl_blend.server.workers import WORKER_GRACE_S, WorkerPool
 
 if TYPE_CHECKING:
-    from sgl_blend.jobs.line_plan import LinePlanner
+    from sgl_blend.batch_lines.plan import LinePlanner
+    from sgl_blend.batch_lines.tokenize import LineTokenizer
 
 logger = logging.getLogger(__name__)
 OUTPUT_PURPOSE = "batch_output"
@@ -41,25 +44,33 @@ HOUSEKEEPING_S = 60.0
 
 
 class BatchRunner:
+    """``tokenizer`` tokenises every line's prompt at validation, when a ``planner`` plans by them
+    or the lines are spread over several slots; ``max_line_bytes`` is the longest line that runs."""
+
     def __init__(self, store: BatchStore, blobs: BlobDir, *, workers: Sequence[str], owner: str,
                  api_key: str | None = None, admin_api_key: str | None = None,
-                 max_inflight: int = 1024, max_file_lines: int = 50_000,
+                 max_inflight: int = 1024, max_file_lines: int = 50_000, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
                  assigner: Assigner = split_evenly, poll_s: float = POLL_S, lease_s: float = LEASE_S,
-                 worker_grace_s: float = WORKER_GRACE_S, planner: LinePlanner | None = None) -> None:
+                 worker_grace_s: float = WORKER_GRACE_S, planner: LinePlanner | None = None,
+                 tokenizer: LineTokenizer | None = None) -> None:
+        if planner is not None and tokenizer is None:
+            raise ValueError("a runner that plans by prompts needs the served model's tokenizer")
         self.store = store
         self.blobs = blobs
         self.owner = owner
         self.max_file_lines = max_file_lines
+        self.max_line_bytes = max_line_bytes
         self.poll_s = poll_s
         self.lease_s = lease_s
+        self.tokenizer = tokenizer
         self.workers = WorkerPool(workers, max_inflight=max_inflight, api_key=api_key, admin_api_key=admin_api_key,
                                   grace_s=worker_grace_s, on_change=lambda: self.wake(refresh=False))
-        self._active: dict[str, ActiveBatch] = {}
+        self.batches = ActiveBatches()
         self._wake = asyncio.Event()
         self._refresh = True
         self._writer = ResultWriter(store, blobs, owner)
-        self._global_plan = GlobalPlanState(planner) if planner is not None else None
-        self._dispatcher = Dispatcher(self.workers, store, blobs, self._writer, owner=owner, assigner=assigner,
+        self._global_plan = GlobalPlanState(planner, store, owner) if planner is not None else None
+        self._dispatcher = Dispatcher(self.workers, store, self._writer, owner=owner, assigner=assigner,
                                       global_plan=self._global_plan, wake=lambda: self.wake(refresh=False))
 
     def wake(self, refresh: bool = True) -> None:
@@ -87,28 +98,32 @@ class BatchRunner:
                         next_housekeeping = now + HOUSEKEEPING_S
                     await self.workers.probe()
                     self._advance()
-                    await self._dispatcher.fill([batch for batch in self._active.values() if batch.dispatching])
+                    await self._dispatcher.fill(self.batches.dispatching())
                 except Exception:
                     logger.exception("batch runner step failed; trying again")
                     next_claim = now + self.poll_s
                 self._wake.clear()
+                # Not asyncio.wait_for: on Python 3.11 it can swallow a cancel that lands in the
+                # same loop step as the wake-up (CPython gh-86296), and the runner would never stop.
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(self.poll_s):
+                        await self._wake.wait()
+                except TimeoutError:
                     pass
         finally:
             await self._shutdown(writer_task)
 
     async def _shutdown(self, writer_task: asyncio.Task) -> None:
-        tasks = [task for batch in self._active.values() for task in (*batch.inflight.values(), batch.task) if task]
+        tasks = self.batches.tasks()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         writer_task.cancel()
         await asyncio.gather(writer_task, return_exceptions=True)
         await self._writer.flush()
-        for batch_id in list(self._active):
-            self._writer.close(batch_id)
+        for batch in self.batches:
+            batch.prepared.close()
+            self._writer.close(batch.id)
         await asyncio.to_thread(self.store.release, self.owner)
         await self.workers.close()
 
@@ -117,11 +132,11 @@ class BatchRunner:
     async def _claim(self, steal: bool) -> None:
         rows = await asyncio.to_thread(self.store.claim_batches, self.owner, time.time(), self.lease_s, steal=steal)
         held = {row.id: row for row in rows}
-        for batch_id in list(self._active):
+        for batch_id in self.batches.ids():
             if batch_id not in held or batch_id in self._writer.lost_batches:
                 self._drop(batch_id)  # a batch the writer let go is taken up afresh if still held
         for row in held.values():
-            batch = self._active.get(row.id)
+            batch = self.batches.get(row.id)
             if batch is None:
                 await self._adopt(row)
             elif batch.task is None:  # a running step keeps the row it reloads itself
@@ -133,13 +148,15 @@ class BatchRunner:
         await asyncio.to_thread(self.blobs.truncate, row.output_blob, row.output_bytes)
         await asyncio.to_thread(self.blobs.truncate, row.error_blob, row.error_bytes)
         self._writer.open(row.id, row.output_blob, row.error_blob, row.output_bytes, row.error_bytes)
-        self._active[row.id] = ActiveBatch(row, planned=self._global_plan is None)
+        self.batches.add(ActiveBatch(row, PreparedBatch(self.blobs.prepared_dir(row.id)),
+                                     planned=self._global_plan is None))
 
     def _drop(self, batch_id: str) -> None:
-        batch = self._active.pop(batch_id)
+        batch = self.batches.pop(batch_id)
         for task in (*batch.inflight.values(), batch.task):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
+        batch.prepared.close()
         self._writer.close(batch_id)
 
     # Lifecycle
@@ -147,7 +164,7 @@ class BatchRunner:
     def _advance(self) -> None:
         """Start the next lifecycle step of every batch that has none running."""
         now = time.time()
-        for batch in list(self._active.values()):
+        for batch in self.batches:
             if batch.task is not None:
                 if not batch.task.done():
                     continue
@@ -170,7 +187,7 @@ class BatchRunner:
             batch.task = asyncio.create_task(step)
             batch.task.add_done_callback(lambda _task: self.wake(refresh=False))
         if self._global_plan is not None:
-            self._global_plan.maybe_start(self)
+            self._global_plan.maybe_start(self.batches, done=lambda: self.wake(refresh=False))
 
     def _settle(self, batch: ActiveBatch) -> None:
         task, batch.task = batch.task, None
@@ -189,18 +206,28 @@ class BatchRunner:
 
     async def _validate(self, batch: ActiveBatch) -> None:
         row = batch.row
-        now = int(time.time())
         try:
-            lines = index_input_file(self.blobs.path(row.input_file_id), row.endpoint, self.max_file_lines)
-            await asyncio.to_thread(self.store.start_batch, row.id, self.owner, lines, now)
+            if await asyncio.to_thread(self.store.clear_lines, row.id, self.owner):
+                total = await asyncio.to_thread(self._index_lines, row)
+                await asyncio.to_thread(self.store.start_batch, row.id, self.owner, total, int(time.time()))
         except FileRejected as rejected:
-            await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [rejected.as_batch_error()], now)
+            await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [rejected.as_batch_error()],
+                                    int(time.time()))
         except FileNotFoundError:
             error = FileRejected("file_not_found", f"the input file {row.input_file_id} is gone")
-            await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [error.as_batch_error()], now)
+            await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [error.as_batch_error()],
+                                    int(time.time()))
         await self._reload(batch)
         if batch.row.status == "failed":
             self._drop(batch.id)
+
+    def _index_lines(self, row: BatchRow) -> int:
+        """Validate the batch (in a worker thread), tokenising its prompts when the plan or the
+        spread over several slots reads them; the number of lines."""
+        limits = LineLimits(endpoint_urls(row.endpoint), self.max_file_lines, self.max_line_bytes)
+        tokenize = self._global_plan is not None or len(self.workers.live_slots()) > 1
+        return index_batch(self.store, self.owner, row.id, self.blobs.path(row.input_file_id),
+                           self.blobs.prepared_dir(row.id), limits, self.tokenizer if tokenize else None)
 
     async def _finalize(self, batch: ActiveBatch) -> None:
         if await asyncio.to_thread(self.store.pending_lines, batch.id, limit=1):
@@ -243,6 +270,7 @@ class BatchRunner:
                                            output if row.output_bytes else None, errors if row.error_bytes else None)
         if finished:
             self._drop(row.id)
+            await asyncio.to_thread(self.blobs.delete_prepared, row.id)
         else:
             await self._reload(batch)
 

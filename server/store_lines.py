@@ -8,8 +8,9 @@ batch's lease.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from sgl_blend.core.placement import Placement
 from sgl_blend.server.db import Database
 from sgl_blend.server.store_rows import (COMPLETED, FAILED, INSERT_CHUNK, PENDING, AlreadyCommitted, BatchCommit,
                                          LeaseLost, LineRow, line_row, marks)
@@ -28,27 +29,34 @@ def fence(tx: Any, batch_id: str, owner: str) -> None:
 class LineQueries:
     db: Database
 
-    def start_batch(self, batch_id: str, owner: str, lines: Iterable[LineRow], now: int) -> int | None:
-        """Record a validated input's line index and move the batch to ``in_progress``, atomically:
-        an exception from ``lines`` (the file as a whole is invalid) leaves nothing behind. None,
-        changing nothing, when the batch is no longer ``validating`` (cancelled, or started already)."""
-        total = 0
+    def clear_lines(self, batch_id: str, owner: str) -> bool:
+        """Drop what an interrupted validation of the batch stored; False, changing nothing, when
+        the batch is no longer ``validating`` (cancelled meanwhile)."""
         with self.db.transaction() as tx:
             fence(tx, batch_id, owner)
             if tx.execute("SELECT status FROM batches WHERE id = ?", (batch_id,))[0]["status"] != "validating":
-                return None
-            chunk: list[tuple] = []
-            for line in lines:
-                total += 1
-                chunk.append((batch_id, line.line_number, line.custom_id, line.byte_offset, line.byte_length,
-                              PENDING, line.error_code, line.error_message))
-                if len(chunk) >= INSERT_CHUNK:
-                    _insert_lines(tx, chunk)
-                    chunk = []
-            _insert_lines(tx, chunk)
-            tx.execute("UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ? WHERE id = ?",
-                       (now, total, batch_id))
-        return total
+                return False
+            tx.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
+        return True
+
+    def add_lines(self, batch_id: str, owner: str, lines: Sequence[LineRow]) -> None:
+        """Store one chunk of a validating batch's line index. Chunks commit one by one, so a long
+        validation never holds the store's write lock; the batch starts only in `start_batch`."""
+        rows = [(batch_id, line.line_number, line.custom_id, line.byte_offset, line.byte_length, PENDING,
+                 line.error_code, line.error_message) for line in lines]
+        with self.db.transaction() as tx:
+            fence(tx, batch_id, owner)
+            for start in range(0, len(rows), INSERT_CHUNK):
+                _insert_lines(tx, rows[start:start + INSERT_CHUNK])
+
+    def start_batch(self, batch_id: str, owner: str, total: int, now: int) -> bool:
+        """Move a validated batch to ``in_progress`` with its ``total`` lines. False, changing
+        nothing, when the batch is no longer ``validating`` (cancelled meanwhile)."""
+        with self.db.transaction() as tx:
+            fence(tx, batch_id, owner)
+            tx.execute("UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ? WHERE id = ?"
+                       " AND status = 'validating'", (now, total, batch_id))
+            return tx.rowcount == 1
 
     def assign(self, batch_id: str, owner: str, assignment: Mapping[Slot, Sequence[int]]) -> None:
         """Record where each of the batch's unfinished lines runs (slot -> line numbers)."""
@@ -60,10 +68,11 @@ class LineQueries:
                 tx.executemany("UPDATE batch_lines SET worker = ?, dp_rank = ? WHERE batch_id = ? AND state = ?"
                                " AND line_number = ?", rows[start:start + INSERT_CHUNK])
 
-    def set_plan(self, batch_id: str, owner: str, places: Sequence[tuple[int, int, str | None]]) -> None:
+    def set_plan(self, batch_id: str, owner: str, places: Sequence[tuple[int, int, Placement | None]]) -> None:
         """Record each unfinished line's place in the global plan: (line number, rank in the feed
-        order, its placement's text). A restarted runner feeds by it without planning again."""
-        rows = [(rank, placement, batch_id, PENDING, line) for line, rank, placement in places]
+        order, its placement). A restarted runner feeds by it without planning again."""
+        rows = [(rank, placement.encode() if placement else None, batch_id, PENDING, line)
+                for line, rank, placement in places]
         with self.db.transaction() as tx:
             fence(tx, batch_id, owner)
             for start in range(0, len(rows), INSERT_CHUNK):

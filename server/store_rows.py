@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from sgl_blend.core.placement import Placement
+
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_STATUSES = ("completed", "failed", "expired", "cancelled")
 PENDING, COMPLETED, FAILED = "pending", "completed", "failed"
@@ -76,8 +78,9 @@ class BatchRow:
 
 @dataclass(frozen=True)
 class LineRow:
-    """One non-blank line of a batch's input. ``error_code`` set: the line is invalid and fails
-    without running (its error record is written like any other result)."""
+    """One non-blank line of a batch's input. ``byte_offset`` and ``byte_length`` locate its
+    prepared request in the batch's request file (`server.prepared`). ``error_code`` set: the line
+    is invalid and fails without running (its error record is written like any other result)."""
 
     line_number: int
     custom_id: str | None
@@ -89,7 +92,7 @@ class LineRow:
     worker: str | None = None
     dp_rank: int | None = None
     plan_rank: int | None = None
-    placement: str | None = None
+    placement: Placement | None = None
 
 
 @dataclass
@@ -123,7 +126,9 @@ def file_row(row: dict[str, Any]) -> FileRow:
 
 
 def line_row(row: dict[str, Any]) -> LineRow:
-    return LineRow(**{name: row[name] for name in _LINE_FIELDS})
+    values = {name: row[name] for name in _LINE_FIELDS}
+    values["placement"] = Placement.decode(values["placement"]) if values["placement"] else None
+    return LineRow(**values)
 
 
 def marks(values: Sequence[Any]) -> str:

@@ -1,17 +1,30 @@
-"""Indexing a batch's input file, streaming: one `LineRow` per non-blank line, never the whole file.
+"""Validating a batch's input, streaming: every line parsed once, prepared, and tokenised once.
 
-A bad line (invalid JSON, no custom_id, a repeated custom_id, a url other than the batch's
-endpoint, an invalid body) becomes a row that carries its error, so that it fails alone and the
-batch goes on. Only the file as a whole can fail the batch: no lines at all, or more than the limit.
+Each non-blank line becomes one `LineRow`. A bad line (not UTF-8, invalid or too deeply nested
+JSON, over the line-size limit, no custom_id, a repeated custom_id, a url the batch does not take,
+an invalid body) becomes a row that carries its error, so that it fails alone and the batch goes
+on. A good line's request is written to the batch's prepared folder (`server.prepared`) and, when
+the runner plans or places lines by their prompts, its prompt is tokenised there too, in batches
+of the fast tokenizer. Only the file as a whole can fail the batch: no lines at all, or more than
+the limit. Nothing of the file is held in memory beyond one chunk of lines and the custom_ids
+seen so far (to find repeats).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
-from sgl_blend.jobs.lines import LineError, duplicate_id_error, parse_line
-from sgl_blend.server.store import LineRow
+from sgl_blend.batch_lines.tokenize import LineTokenizer, output_bound
+from sgl_blend.batch_lines.lines import (DEFAULT_MAX_LINE_BYTES, BatchLine, LineError, duplicate_id_error, line_too_long,
+                                  parse_line, prepare)
+from sgl_blend.server.prepared import PreparedWriter
+from sgl_blend.server.store import BatchStore, LineRow
+
+# Lines tokenised in one call of the fast tokenizer, and rows handed to the store at once.
+CHUNK_LINES = 1024
+_READ = 1 << 16
 
 
 class FileRejected(Exception):
@@ -26,42 +39,96 @@ class FileRejected(Exception):
         return {"code": self.code, "message": self.message, "param": "input_file_id", "line": None}
 
 
-def index_input_file(path: Path, endpoint: str, max_lines: int) -> Iterator[LineRow]:
-    """Rows in file order; raises `FileRejected` past ``max_lines`` or at the end of an empty file.
+@dataclass(frozen=True)
+class LineLimits:
+    """``urls``: the routes a line may name; ``max_lines``: the most requests in one file;
+    ``max_line_bytes``: the longest line (a longer one fails alone, and is never read whole)."""
 
-    Only the custom_ids seen so far are kept (to find repeats), bounded by ``max_lines``."""
+    urls: tuple[str, ...]
+    max_lines: int
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+
+
+def index_batch(store: BatchStore, owner: str, batch_id: str, input_path: Path, folder: Path, limits: LineLimits,
+                tokenizer: LineTokenizer | None = None) -> int:
+    """Validate a batch's input into its prepared ``folder`` and the store's line index, chunk by
+    chunk; the number of lines. Raises `FileRejected` (what was stored stays until the batch is
+    failed, or the next validation clears it)."""
+    writer = PreparedWriter(folder)
+    total = 0
+    try:
+        for rows in validate_input(input_path, limits, writer, tokenizer):
+            store.add_lines(batch_id, owner, rows)
+            total += len(rows)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return total
+
+
+def validate_input(path: Path, limits: LineLimits, writer: PreparedWriter,
+                   tokenizer: LineTokenizer | None = None) -> Iterator[list[LineRow]]:
+    """The file's rows in file order, a chunk at a time; raises `FileRejected` past
+    ``limits.max_lines`` or at the end of an empty file. ``writer`` receives every good line's
+    request (and prompt, given a ``tokenizer``); the caller closes it."""
     seen: set[str] = set()
     count = 0
-    offset = 0
+    chunk: list[tuple[LineRow, BatchLine | None]] = []
     with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            start, offset = offset, offset + len(raw)
-            if not raw.strip():
-                continue
+        for number, raw in _lines(handle, limits.max_line_bytes):
             count += 1
-            if count > max_lines:
+            if count > limits.max_lines:
                 raise FileRejected("too_many_requests",
-                                   f"the input file has more than {max_lines} requests, this server's limit")
-            yield _row(number, start, len(raw), _parse(raw, number, endpoint, seen))
+                                   f"the input file has more than {limits.max_lines} requests, this server's limit")
+            parsed = line_too_long(number, limits.max_line_bytes) if raw is None \
+                else parse_line(raw, number, limits.urls, limits.max_line_bytes)
+            chunk.append(_row(parsed, seen, writer))
+            if len(chunk) >= CHUNK_LINES:
+                yield _finish_chunk(chunk, writer, tokenizer)
+                chunk = []
+    if chunk:
+        yield _finish_chunk(chunk, writer, tokenizer)
     if count == 0:
         raise FileRejected("empty_file", "the input file has no requests")
 
 
-def _parse(raw: bytes, number: int, endpoint: str, seen: set[str]) -> LineError | str:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        return LineError(number, None, "invalid_json", f"line {number} is not UTF-8: {error.reason}")
-    parsed = parse_line(text, number, (endpoint,))
-    custom_id = parsed.custom_id
-    if custom_id is not None and custom_id in seen:
-        return duplicate_id_error(number, custom_id)
-    if custom_id is not None:
-        seen.add(custom_id)
-    return parsed if isinstance(parsed, LineError) else custom_id
+def _lines(handle: BinaryIO, max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes) for every non-blank line; None for a line over ``max_bytes``, which
+    is skipped to its end without being held."""
+    number = 0
+    while True:
+        raw = handle.readline(max_bytes + 2)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > max_bytes + 1 or (len(raw) == max_bytes + 1 and not raw.endswith(b"\n")):
+            while raw and not raw.endswith(b"\n"):
+                raw = handle.readline(_READ)
+            yield number, None
+        elif raw.strip():
+            yield number, raw.rstrip(b"\r\n")
 
 
-def _row(number: int, offset: int, length: int, parsed: LineError | str) -> LineRow:
-    if isinstance(parsed, LineError):
-        return LineRow(number, parsed.custom_id, offset, length, error_code=parsed.code, error_message=parsed.message)
-    return LineRow(number, parsed, offset, length)
+def _row(parsed: BatchLine | LineError, seen: set[str], writer: PreparedWriter) -> tuple[LineRow, BatchLine | None]:
+    number = parsed.line_number
+    if isinstance(parsed, BatchLine) and parsed.custom_id in seen:
+        parsed = duplicate_id_error(number, parsed.custom_id)
+    elif isinstance(parsed, BatchLine):
+        try:
+            offset, length = writer.add_request(prepare(parsed))
+        except (RecursionError, ValueError) as error:
+            parsed = LineError(number, parsed.custom_id, "invalid_body", f"the body cannot be encoded: {error}")
+        else:
+            seen.add(parsed.custom_id)
+            return LineRow(number, parsed.custom_id, offset, length), parsed
+    return LineRow(number, parsed.custom_id, 0, 0, error_code=parsed.code, error_message=parsed.message), None
+
+
+def _finish_chunk(chunk: list[tuple[LineRow, BatchLine | None]], writer: PreparedWriter,
+                  tokenizer: LineTokenizer | None) -> list[LineRow]:
+    if tokenizer is not None:
+        lines = [line for _row, line in chunk if line is not None]
+        for line, ids in zip(lines, tokenizer.prompt_ids_batch(lines)):
+            writer.add_prompt(line.line_number, ids, *output_bound(line.body))
+    return [row for row, _line in chunk]

@@ -18,8 +18,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import httpx
 
 from sgl_blend.client import http
-from sgl_blend.jobs.lines import BatchLine
-from sgl_blend.jobs.sender import LineOutcome, WorkerUnreachable, abort_requests, send_line
+from sgl_blend.batch_lines.lines import PreparedRequest
+from sgl_blend.batch_lines.sender import LineOutcome, WorkerUnreachable, abort_requests, send_request
 from sgl_blend.server.assignment import Slot, worker_slots
 
 logger = logging.getLogger(__name__)
@@ -79,11 +79,11 @@ class WorkerPool:
         now = time.monotonic()
         return (worker for worker in self.workers.values() if worker.live and worker.backoff.ready(now))
 
-    async def send(self, worker: Worker, line: BatchLine, headers: Mapping[str, str], rid: str,
-                   dp_rank: int | None) -> LineOutcome:
-        """`send_line` to the worker; a `WorkerUnreachable` from it pauses the worker first."""
+    async def send(self, worker: Worker, custom_id: str, request: PreparedRequest, headers: Mapping[str, str],
+                   rid: str, dp_rank: int | None) -> LineOutcome:
+        """`send_request` to the worker; a `WorkerUnreachable` from it pauses the worker first."""
         try:
-            outcome = await send_line(self._client, worker.url, line, headers, rid, dp_rank=dp_rank)
+            outcome = await send_request(self._client, worker.url, custom_id, request, headers, rid, dp_rank=dp_rank)
         except WorkerUnreachable as error:
             self._failed(worker, error)
             raise

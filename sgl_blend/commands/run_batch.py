@@ -1,4 +1,7 @@
-"""Run an OpenAI batch file offline through a local server; resumable, with a progress bar."""
+"""Run an OpenAI batch file offline through a local server; resumable, with a progress bar.
+
+The job is run by the Batch API's own runner over a store beside the output
+(`sgl_blend.jobs.run_batch`), so a re-run of the same command resumes it."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES
     from sgl_blend.core.policy_registry import RUN_BATCH, describe, names_for
+    from sgl_blend.server.config import DEFAULT_MAX_INFLIGHT
 
     parser.add_argument("-i", "--input", type=Path, required=True, help="input JSONL (OpenAI batch line format)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="output JSONL (appended; resumable)")
@@ -22,7 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=names_for(RUN_BATCH), default="blendserve",
                         help="offline order: " + describe(RUN_BATCH))
     parser.add_argument("--hardware", default=None, help="hardware profile for the cost model (name or hw.json)")
-    parser.add_argument("--max-inflight", type=int, default=1024, help="lines handed to the scheduler at once")
+    parser.add_argument("--max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT,
+                        help="lines handed to the scheduler at once")
+    parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
+                        help="longest line that runs (a longer one fails alone, in the error file)")
     parser.add_argument("--server-log", type=Path, default=None, help="where the server's output goes")
     parser.add_argument("--summary-json", type=Path, default=None, help="also write the summary here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -30,12 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _stop_like_ctrl_c(_signum: int, _frame: object) -> None:
-    """SIGTERM ends the job as Ctrl-C does: finished lines kept, the server stopped, never orphaned."""
-    raise KeyboardInterrupt
+    """SIGTERM ends the job as Ctrl-C does: finished lines kept, the server stopped, never orphaned.
+    Raised as SIGINT, so the job's event loop stops the way it stops for Ctrl-C."""
+    signal.raise_signal(signal.SIGINT)
 
 
 def run(args: argparse.Namespace) -> int:
     from sgl_blend.jobs.fresh_server import run_on_fresh_server
+    from sgl_blend.jobs.run_batch import JobInputChanged, JobOptions
     from sgl_blend.launch.supervisor import ServerStartError
 
     if not args.input.is_file():
@@ -50,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         totals, state = run_on_fresh_server(
             args.model, args.policy, args.input, args.output, error_path, sglang_args=args.extra_args,
-            hardware=args.hardware, server_log=server_log, show_progress=not args.no_progress,
-            max_inflight=args.max_inflight)
-    except (ServerStartError, FileNotFoundError) as error:
+            hardware=args.hardware, server_log=server_log,
+            options=JobOptions(args.max_inflight, args.max_line_bytes, show_progress=not args.no_progress))
+    except (ServerStartError, FileNotFoundError, JobInputChanged) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

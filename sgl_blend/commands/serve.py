@@ -16,7 +16,7 @@ HELP = __doc__.splitlines()[0]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sgl_blend.server.config import (DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES, DEFAULT_MAX_INFLIGHT,
-                               DEFAULT_WORKER_GRACE_S, default_data_dir)
+                                         DEFAULT_MAX_LINE_BYTES, DEFAULT_WORKER_GRACE_S, default_data_dir)
 
     parser.add_argument("--model", required=True,
                         help="tiny-llama, smollm2-135m, or a path to an HF model directory")
@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="most requests in one batch input file")
     batch.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
                        help="largest upload accepted (a bigger one gets 413)")
+    batch.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
+                       help="longest batch line that runs (a longer one fails alone, in the error file)")
     batch.add_argument("--batch-max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT,
                        help="batch lines in flight at once per server, across all batches: the pool the scheduler orders")
     batch.add_argument("--batch-workers", type=_urls, default=(), metavar="URL,...",
@@ -71,6 +73,7 @@ def batch_api_config(args: argparse.Namespace):
         return None
     return BatchApiConfig(data_dir=args.data_dir or default_data_dir(), store_url=args.batch_store,
                           max_file_lines=args.max_file_lines, max_file_bytes=args.max_file_bytes,
+                          max_line_bytes=args.max_line_bytes,
                           max_inflight=args.batch_max_inflight, workers=args.batch_workers,
                           worker_grace_s=args.worker_grace)
 
@@ -79,20 +82,15 @@ def run(args: argparse.Namespace) -> int:
     from sgl_blend.launch.colocation_flags import colocation_server_settings
     from sgl_blend.launch.flags import with_defaults
     from sgl_blend.launch.supervisor import ServerStartError, serve_forever, start_server
-
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     from sgl_blend.sglang_plugin.settings import PluginSettings
 
-    policy = lookup(args.offline_policy, SERVE)
-    settings = PluginSettings(offline_policy=policy.name, hardware=args.hardware or None)
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    settings = PluginSettings(offline_policy=lookup(args.offline_policy, SERVE).name, hardware=args.hardware or None)
     batch_api = batch_api_config(args)
-    defaults = (("--schedule-policy", policy.sglang_schedule),) if not policy.in_plugin and policy.sglang_schedule else ()
     # A batch's usage reports cached prompt tokens only when SGLang reports them per request.
-    if batch_api:
-        defaults += (("--enable-cache-report", None),)
-    sglang_args = with_defaults(args.extra_args, defaults)
+    sglang_args = with_defaults(args.extra_args, (("--enable-cache-report", None),) if batch_api else ())
     try:
-        sglang_args, settings = colocation_server_settings(args, sglang_args, settings)
+        settings = colocation_server_settings(args, settings)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -107,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         model, sglang_args, settings = str(launch.model_path), launch.sglang_args, launch.settings_for(settings)
         print(f"sgl-blend: {launch.describe()}", flush=True)
+    sglang_args = with_defaults(sglang_args, settings.sglang_flags())
     try:
         server = start_server(model, sglang_args, cache_dir=args.cache_dir, log_path=args.log_file,
                               ready_timeout_s=args.ready_timeout, settings=settings, batch_api=batch_api)

@@ -88,10 +88,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _checked(args: argparse.Namespace, requested: dict[str, str]):
     """Everything that can be wrong with the inputs, found before any server starts."""
-    from sgl_blend.jobs.lines import BatchLine
+    from sgl_blend.batch_lines.lines import BatchLine, read_lines
     from sgl_blend.core.latency_model import load_model
     from sgl_blend.measure.online_replay import load_trace
-    from sgl_blend.jobs.run_batch import read_lines
 
     if not requested:
         raise ValueError("give at least one SLO: --ttft-p99, --ttft-mean, --tbt-p99 or --tbt-mean")

@@ -61,6 +61,13 @@ class BatchShape:
     def is_empty(self) -> bool:
         return self.prefill_reqs == 0 and self.decode_reqs == 0
 
+    @property
+    def causal_pairs(self) -> float:
+        """Query-key pairs causal attention computes for the prefill chunks: each new token
+        attends its request's cached prefix and the new tokens up to itself. (The latency forms'
+        ``prefill_attention`` counts the full square instead, as SGLang's CPU attention computes it.)"""
+        return sum(extend * prefix + extend * (extend + 1) / 2 for extend, prefix in self.prefill_chunks)
+
     def to_dict(self) -> dict[str, Any]:
         return {**{name: getattr(self, name) for name in COUNT_FIELDS},
                 "prefill_chunks": [list(chunk) for chunk in self.prefill_chunks]}

@@ -3,8 +3,9 @@
 `sgl-blend serve --offline-policy`, `run-batch --policy` and `sim --policy` take their choices
 from here, so a name means one ordering wherever it is given. ``fcfs`` is the plugin's arrival
 order in every surface (the same pool, prefill cap and engine flags as BlendServe), never
-SGLang's ordering with the plugin off; ``lpm`` is SGLang's own longest-prefix-match, which the
-engine runs itself (the plugin's pool stays out) and the simulator models. Ablation variants
+SGLang's ordering with the plugin off; ``lpm``, ``sglang-fcfs`` and ``sglang-dfs-weight`` are
+SGLang's own orders, which the engine runs itself (the plugin's pool stays out), so a user can
+compare BlendServe with them on the same engine; the simulator models ``lpm``. Ablation variants
 exist only in the simulator.
 """
 
@@ -21,6 +22,8 @@ class PolicyEntry:
     """``in_plugin``: the plugin's offline pool orders the work (else SGLang's
     ``--schedule-policy`` named by ``sglang_schedule`` does, or the user's, when None).
     ``planned``: run-batch and the Batch API plan every line before the engine sees it.
+    ``blends``: the plan blends compute- and memory-heavy work where the device's measured overlap
+    lets blending pay (else it is the DFS order with one cursor).
     ``base``/``paced``/``shuffled``: a simulator ablation of another entry."""
 
     name: str
@@ -29,6 +32,7 @@ class PolicyEntry:
     in_plugin: bool = True
     sglang_schedule: str | None = "fcfs"
     planned: bool = False
+    blends: bool = False
     base: str | None = None
     paced: bool | None = None
     shuffled: bool = False
@@ -41,7 +45,7 @@ class PolicyEntry:
 
 ENTRIES = (
     PolicyEntry("blendserve", "BlendServe: resource-aware prefix tree, dual-scan admission (DFS order with one "
-                "cursor where the device's overlap makes blending lose)", EVERYWHERE, planned=True),
+                "cursor where the device's overlap makes blending lose)", EVERYWHERE, planned=True, blends=True),
     PolicyEntry("dfs", "the exact DFS order of the global prefix tree: most prefix sharing, no blending",
                 EVERYWHERE, planned=True),
     PolicyEntry("fcfs", "arrival order, through the plugin's pool", EVERYWHERE),
@@ -50,6 +54,10 @@ ENTRIES = (
                 frozenset((SERVE, RUN_BATCH))),
     PolicyEntry("lpm", "SGLang's own longest-prefix-match order; the plugin's pool stays out", EVERYWHERE,
                 in_plugin=False, sglang_schedule="lpm"),
+    PolicyEntry("sglang-fcfs", "SGLang's own first-come-first-served order; the plugin's pool stays out",
+                frozenset((SERVE, RUN_BATCH)), in_plugin=False, sglang_schedule="fcfs"),
+    PolicyEntry("sglang-dfs-weight", "SGLang's own DFS-weight order over its radix tree; the plugin's pool stays out",
+                frozenset((SERVE, RUN_BATCH)), in_plugin=False, sglang_schedule="dfs-weight"),
     PolicyEntry("off", "the plugin leaves ordering to SGLang (its --schedule-policy)", frozenset((SERVE,)),
                 in_plugin=False, sglang_schedule=None),
     PolicyEntry("dfs+pacing", "ablation: DFS order admitted at BlendServe's pace", frozenset((SIM,)),

@@ -1,51 +1,77 @@
-"""`sgl-blend run-batch`: an offline job over an OpenAI batch file, through a real server.
+"""`sgl-blend run-batch`: an offline job over an OpenAI batch file, run by the Batch API's own runner.
 
-Lines go to the server as offline work, and results are appended to the output file the moment
-each finishes. The output and error files are the job's only state: a re-run skips every
-custom_id (and every failed line number) already written, so an interrupted job resumes without
-running a line twice. With sgl-blend's policies (``blendserve``, ``dfs``) every unfinished line is
-planned first, globally (`LinePlanner`), and the lines are fed in plan order, each carrying its
-placement, so the scheduler admits by the whole batch's plan however few lines it holds. With
-SGLang's own orderings (``lpm``, ``fcfs``) lines go in file order. On a server
-with several DP ranks, the job's lines are cut into balanced shares of whole prefix subtrees
-(BlendServe's DP partition) and each line is sent with its rank's ``routed_dp_rank``.
+The job is one batch in a store of its own beside the output (``OUT.sgl-blend/``: SQLite and the
+batch's prepared lines). Validation, planning, output-length samples, DP assignment, feeding and
+exactly-once result writing are `sgl_blend.server.runner`'s, the code that runs a batch submitted to
+``/v1/batches``; the runner lives in this process and sends the lines to a local server. Results
+are appended straight to the output and error files the user named and committed in the store,
+so a re-run of the same command -- after Ctrl-C, SIGTERM or a kill -9 of every process -- cuts each
+file back to what was committed and runs only the lines not done: nothing lost, nothing twice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import hashlib
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, TextIO
+from typing import Any, Callable
 
-import httpx
 from tqdm import tqdm
 
-from sgl_blend.client import http
-from sgl_blend.jobs.lines import BatchLine, LineError, duplicate_id_error, line_error_record, parse_line
-from sgl_blend.jobs.sender import LineUsage, WorkerUnreachable, send_line
-from sgl_blend.offline import offline_headers
+from sgl_blend.core.cost_model import CostModel
+from sgl_blend.batch_lines.plan import LinePlanner
+from sgl_blend.batch_lines.tokenize import LineTokenizer
+from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES, RUN_BATCH_ENDPOINT
+from sgl_blend.batch_lines.sender import LineUsage
+from sgl_blend.server.assignment import PrefixAssigner
+from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.config import DEFAULT_MAX_INFLIGHT
+from sgl_blend.server.ids import new_batch_id, new_file_id
+from sgl_blend.server.runner import BatchRunner
+from sgl_blend.server.store import TERMINAL_STATUSES, BatchRow, BatchStore, FileRow
 
-if TYPE_CHECKING:
-    from sgl_blend.core.placement import Placement
-    from sgl_blend.jobs.line_plan import LinePlanner
+STORE_SUFFIX = ".sgl-blend"
+POLL_S = 0.5
+# A job has no completion window; this is the one its batch row records.
+JOB_WINDOW_S = 100 * 365 * 24 * 3600
+_HASH_CHUNK = 1 << 20
 
-RUN_BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
+
+class JobInputChanged(RuntimeError):
+    """The input file is not the one the job's store was made for."""
+
+
+def job_store_dir(output_path: Path) -> Path:
+    """Where a job's store lives: beside its output file."""
+    return output_path.with_name(output_path.name + STORE_SUFFIX)
+
+
+@dataclass
+class JobFiles:
+    input: Path
+    output: Path
+    errors: Path
+
+    @property
+    def store_dir(self) -> Path:
+        return job_store_dir(self.output)
 
 
 @dataclass
 class JobTotals:
+    """What one run of a job did. ``skipped``: lines an earlier run had finished; ``not_run``:
+    lines still unfinished when this run stopped (Ctrl-C, the engine gone), left for a re-run."""
+
     completed: int = 0
     failed: int = 0
     skipped: int = 0
     not_run: int = 0
-    """Lines the engine never answered (it went away, e.g. on Ctrl-C): left unwritten for a re-run."""
     usage: LineUsage = field(default_factory=LineUsage)
     seconds: float = 0.0
-    seen_ids: set[str] = field(default_factory=set)
 
     @property
     def cached_tokens(self) -> int:
@@ -61,191 +87,116 @@ class JobTotals:
         }
 
 
-def finished_keys(*paths: Path) -> tuple[set[str], set[int]]:
-    """custom_ids and failed line numbers already written by an earlier run of the same job."""
-    ids: set[str] = set()
-    lines: set[int] = set()
-    for path in paths:
-        if not path.exists():
-            continue
-        with path.open() as handle:
-            for text in handle:
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError:
-                    continue
-                if record.get("custom_id"):
-                    ids.add(record["custom_id"])
-                elif isinstance(record.get("line"), int):
-                    lines.add(record["line"])
-    return ids, lines
+@dataclass(frozen=True)
+class JobEngine:
+    """The server a job's lines go to, and how the job plans for it: the served model's directory
+    and the cost model of the device its scheduler prices with."""
+
+    base_url: str
+    model_path: str
+    cost_model: CostModel
+    api_key: str | None = None
+    alive: Callable[[], bool] = lambda: True
 
 
-def read_lines(path: Path) -> Iterator[BatchLine | LineError]:
-    with path.open() as handle:
-        for number, text in enumerate(handle, start=1):
-            if text.strip():
-                yield parse_line(text, number, RUN_BATCH_URLS)
+
+@dataclass(frozen=True)
+class JobOptions:
+    """``max_inflight``: lines handed to the engine at once; ``max_line_bytes``: the longest line
+    that runs (a longer one fails alone)."""
+
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    show_progress: bool = True
 
 
-class JsonlAppender:
-    """Appends one JSON record per line and flushes it, so a crash loses at most a partial line."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle: TextIO = path.open("a")
-        if path.stat().st_size and not _ends_with_newline(path):
-            self._handle.write("\n")
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._handle.flush()
-
-    def close(self) -> None:
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
-        self._handle.close()
+def run_job(files: JobFiles, engine: JobEngine, policy: str, options: JobOptions = JobOptions()) -> JobTotals:
+    """Run (or resume) the job to its end, or until the engine goes away; Ctrl-C stops it with
+    every finished line kept."""
+    return asyncio.run(_run(files, engine, policy, options))
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as handle:
-        handle.seek(-1, os.SEEK_END)
-        return handle.read(1) == b"\n"
-
-
-async def run_job(
-    input_path: Path,
-    output_path: Path,
-    error_path: Path,
-    base_url: str,
-    *,
-    api_key: str | None = None,
-    max_inflight: int = 1024,
-    job_id: str = "run-batch",
-    show_progress: bool = True,
-    dp_ranks: Mapping[int, int] | None = None,
-    planner: LinePlanner | None = None,
-) -> JobTotals:
-    """``dp_ranks``: line number -> the DP rank that runs it (none: SGLang's DP controller picks).
-    ``planner``: plan every unfinished line first and feed them in plan order, each with its
-    placement (none: file order, for SGLang's own orderings)."""
-    done_ids, done_lines = finished_keys(output_path, error_path)
-    totals = JobTotals(seen_ids=set(done_ids))
-    outputs, errors = JsonlAppender(output_path), JsonlAppender(error_path)
-    runnable: dict[int, BatchLine] = {}
-    invalid = 0
-    for item in read_lines(input_path):
-        if not _needs_run(item, done_ids, done_lines):
-            totals.skipped += 1
-        elif isinstance(item, LineError) or item.custom_id in totals.seen_ids:
-            _record_invalid(item, totals, errors)
-            invalid += 1
-        else:
-            totals.seen_ids.add(item.custom_id)
-            runnable[item.line_number] = item
-    bar = tqdm(total=len(runnable) + invalid, initial=invalid, unit="req", disable=not show_progress,
-               dynamic_ncols=True)
-    start = time.monotonic()
+async def _run(files: JobFiles, engine: JobEngine, policy: str, options: JobOptions) -> JobTotals:
+    store = BatchStore.open("", files.store_dir)
     try:
-        async with http.async_client(key=api_key, max_connections=max_inflight) as client:
-            sender = _LineFeed(client, base_url, job_id, max_inflight, totals, outputs, errors, bar, start, dp_ranks)
-            if planner is None:
-                await sender.send((line, None) for line in runnable.values())
-            else:
-                await _send_by_plan(planner, runnable, sender)
+        row = await asyncio.to_thread(_job_batch, store, files)
+        blobs = BlobDir(files.store_dir, named={row.input_file_id: files.input, row.output_blob: files.output,
+                                                row.error_blob: files.errors})
+        runner = BatchRunner(store, blobs, workers=[engine.base_url], owner=f"run-batch:{os.getpid()}",
+                             api_key=engine.api_key, max_inflight=options.max_inflight, max_file_lines=sys.maxsize,
+                             max_line_bytes=options.max_line_bytes, assigner=PrefixAssigner(engine.cost_model),
+                             planner=LinePlanner.for_policy(policy, engine.cost_model),
+                             tokenizer=LineTokenizer(engine.model_path))
+        return await _follow(store, row, runner, engine, options.show_progress)
     finally:
-        totals.seconds = time.monotonic() - start
+        store.close()
+
+
+async def _follow(store: BatchStore, start: BatchRow, runner: BatchRunner, engine: JobEngine,
+                  show_progress: bool) -> JobTotals:
+    """Run the runner until the batch ends or the engine goes away, showing progress."""
+    began = time.monotonic()
+    bar = tqdm(total=start.total or None, initial=start.completed + start.failed, unit="req",
+               disable=not show_progress, dynamic_ncols=True)
+    task = asyncio.create_task(runner.run())
+    row = start
+    try:
+        while row.status not in TERMINAL_STATUSES and engine.alive() and not task.done():
+            await asyncio.sleep(POLL_S)
+            row = await asyncio.to_thread(store.get_batch, start.id)
+            _show(bar, row, start, time.monotonic() - began)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         bar.close()
-        outputs.close()
-        errors.close()
-    return totals
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        raise task.exception()
+    row = await asyncio.to_thread(store.get_batch, start.id)
+    done_before = start.completed + start.failed
+    usage = LineUsage(row.input_tokens - start.input_tokens, row.output_tokens - start.output_tokens,
+                      row.cached_tokens - start.cached_tokens)
+    return JobTotals(completed=row.completed - start.completed, failed=row.failed - start.failed,
+                     skipped=done_before, not_run=max(row.total - row.completed - row.failed, 0)
+                     if row.status not in TERMINAL_STATUSES else 0,
+                     usage=usage, seconds=time.monotonic() - began)
 
 
-async def _send_by_plan(planner: LinePlanner, lines: dict[int, BatchLine], feed: _LineFeed) -> None:
-    """Output-length samples first, as the paper runs them; once they are back, the rest of the
-    batch re-planned with their lengths, in the plan's feed order."""
-    items = await asyncio.to_thread(planner.work_items, lines)
-    plan = await asyncio.to_thread(planner.plan, list(items.values()))
-    if plan.samples:
-        lengths = await feed.send((lines[key], plan.placements[key]) for key in plan.samples)
-        sampled = set(plan.samples)
-        observed = {key: (items[key], length) for key, length in lengths.items()}
-        plan = await asyncio.to_thread(planner.plan, [item for key, item in items.items() if key not in sampled],
-                                       observed)
-    await feed.send((lines[key], plan.placements[key]) for key in plan.feed)
+def _show(bar: tqdm, row: BatchRow, start: BatchRow, elapsed: float) -> None:
+    if row.total and bar.total != row.total:
+        bar.total = row.total
+    bar.n = row.completed + row.failed
+    tokens = row.input_tokens + row.output_tokens - start.input_tokens - start.output_tokens
+    bar.set_postfix(tok_s=f"{tokens / max(elapsed, 1e-9):.0f}", failed=row.failed, refresh=False)
+    bar.refresh()
 
 
-class _LineFeed:
-    """Sends lines through a window of ``max_inflight`` and records each answer as it comes."""
-
-    def __init__(self, client: httpx.AsyncClient, base_url: str, job_id: str, max_inflight: int,
-                 totals: JobTotals, outputs: JsonlAppender, errors: JsonlAppender, bar: tqdm, start: float,
-                 dp_ranks: Mapping[int, int] | None) -> None:
-        self.client, self.base_url, self.job_id = client, base_url, job_id
-        self.window = asyncio.Semaphore(max_inflight)
-        self.totals, self.outputs, self.errors, self.bar, self.start = totals, outputs, errors, bar, start
-        self.dp_ranks = dp_ranks or {}
-
-    async def send(self, lines: Iterable[tuple[BatchLine, Placement | None]]) -> dict[int, int]:
-        """Send every line and wait for all; returns line number -> output tokens of those that
-        completed."""
-        lengths: dict[int, int] = {}
-        tasks: set[asyncio.Task] = set()
-        try:
-            for line, placement in lines:
-                await self.window.acquire()
-                task = asyncio.create_task(self._send_one(line, placement, lengths))
-                task.add_done_callback(self._done)
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-        return lengths
-
-    async def _send_one(self, line: BatchLine, placement: Placement | None, lengths: dict[int, int]) -> None:
-        totals = self.totals
-        try:
-            outcome = await send_line(self.client, self.base_url, line, offline_headers(self.job_id, placement),
-                                      dp_rank=self.dp_ranks.get(line.line_number))
-        except WorkerUnreachable:
-            totals.not_run += 1
-            return
-        if not outcome.ok:
-            totals.failed += 1
-            self.errors.write(outcome.record)
-            return
-        totals.completed += 1
-        totals.usage += outcome.usage
-        lengths[line.line_number] = outcome.usage.completion_tokens
-        self.outputs.write(outcome.record)
-
-    def _done(self, task: asyncio.Task) -> None:
-        self.window.release()
-        if not task.cancelled():
-            self.bar.update(1)
-            _show_rate(self.bar, self.totals, self.start)
+def _job_batch(store: BatchStore, files: JobFiles) -> BatchRow:
+    """The job's batch: the one its store holds, or a new one for this input. A store made for
+    another input, or output files no store accounts for, stop the job with the reason."""
+    fingerprint = _fingerprint(files.input)
+    rows, _more = store.list_batches(after=None, limit=1)
+    if rows:
+        row = rows[0]
+        if (row.metadata or {}).get("input_sha256") != fingerprint:
+            raise JobInputChanged(f"{files.input} is not the input the job in {files.store_dir} was started with; "
+                                  f"remove {files.store_dir} (and the output files) to start over")
+        return row
+    for path in (files.output, files.errors):
+        if path.exists() and path.stat().st_size:
+            raise JobInputChanged(f"{path} exists but no job store ({files.store_dir}) accounts for it; "
+                                  "remove it or write the output elsewhere")
+    now = int(time.time())
+    input_id = new_file_id()
+    store.add_file(FileRow(input_id, "batch", files.input.name, files.input.stat().st_size, now))
+    row = BatchRow(new_batch_id(), RUN_BATCH_ENDPOINT, input_id, "job", "validating", now, now + JOB_WINDOW_S,
+                   output_blob=new_file_id(), error_blob=new_file_id(), metadata={"input_sha256": fingerprint})
+    store.add_batch(row)
+    return row
 
 
-def _needs_run(item: BatchLine | LineError, done_ids: set[str], done_lines: set[int]) -> bool:
-    if item.custom_id and item.custom_id in done_ids:
-        return False
-    return not (item.custom_id is None and item.line_number in done_lines)
-
-
-def _record_invalid(item: BatchLine | LineError, totals: JobTotals, errors: JsonlAppender) -> None:
-    totals.failed += 1
-    if isinstance(item, LineError):
-        if item.custom_id is not None and item.custom_id in totals.seen_ids:
-            item = LineError(item.line_number, None, item.code, item.message)
-        errors.write(line_error_record(item))
-    else:
-        errors.write(line_error_record(duplicate_id_error(item.line_number, item.custom_id)))
-
-
-def _show_rate(bar: tqdm, totals: JobTotals, start: float) -> None:
-    elapsed = max(time.monotonic() - start, 1e-9)
-    bar.set_postfix(tok_s=f"{(totals.usage.prompt_tokens + totals.usage.completion_tokens) / elapsed:.0f}",
-                    failed=totals.failed, refresh=False)
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,8 +1,9 @@
-"""The SGLang flags a server needs for the co-location mode in its plugin settings.
+"""A co-locating server's SGLang flags, from its plugin settings (`PluginSettings.sglang_flags`).
 
 Co-location needs SGLang's mixed batches (``--enable-mixed-chunk``: offline prefill chunks ride
 along with online decodes, as HyGen's Sarathi-style batches do) and the `sgl-blend` radix-cache
-backend (Echo's priorities, the BlendServe annotations). A flag the user gives wins over these.
+backend (Echo's priorities, the BlendServe annotations); bros mode runs without a radix cache. A
+flag the user gives wins over these.
 """
 
 from __future__ import annotations
@@ -13,23 +14,9 @@ from typing import Sequence
 from sgl_blend.launch.flags import given_flags, with_defaults
 from sgl_blend.sglang_plugin.settings import PluginSettings
 
-COLOCATION_FLAGS: tuple[tuple[str, str | None], ...] = (
-    ("--enable-mixed-chunk", None),
-    ("--radix-cache-backend", "sgl-blend"),
-)
-# BROS's KV layout assumes each request owns its slots, so bros mode runs without the radix cache.
-BROS_FLAGS: tuple[tuple[str, str | None], ...] = (
-    ("--enable-mixed-chunk", None),
-    ("--disable-radix-cache", None),
-)
-
-
 def colocation_launch(settings: PluginSettings, sglang_args: Sequence[str] = ()) -> list[str]:
-    """``sglang_args`` plus the flags ``settings.colocation`` needs (none when co-location is off);
-    the server gets the same ``settings``."""
-    config = settings.colocation
-    flags = BROS_FLAGS if config.mode == "bros" else COLOCATION_FLAGS
-    return with_defaults(list(sglang_args), flags) if config.enabled else list(sglang_args)
+    """``sglang_args`` plus the flags ``settings`` run with; the server gets the same ``settings``."""
+    return with_defaults(list(sglang_args), settings.sglang_flags())
 
 
 def with_free_port(sglang_args: Sequence[str]) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sgl_blend.core.colocation import MODES, ColocationConfig
 from sgl_blend.core.latency_model import FORMS, load_model
@@ -74,13 +74,10 @@ def colocation_config(args: argparse.Namespace) -> ColocationConfig:
         raise ValueError(f"{error}{hint}") from None
 
 
-def colocation_server_settings(args: argparse.Namespace, sglang_args: Sequence[str],
-                               settings: PluginSettings) -> tuple[list[str], PluginSettings]:
-    """``sglang_args`` plus what the co-location flags in ``args`` add, and ``settings`` with them."""
-    from sgl_blend.launch.colocation import colocation_launch
-
+def colocation_server_settings(args: argparse.Namespace, settings: PluginSettings) -> PluginSettings:
+    """``settings`` with what the co-location flags in ``args`` ask for (the SGLang flags that
+    follow from them are `PluginSettings.sglang_flags`)."""
     config = colocation_config(args)
     if args.psm_utility is not None and not 0.0 <= args.psm_utility <= 1.0:
         raise ValueError(f"--psm-utility must be in [0, 1], got {args.psm_utility}")
-    settings = settings.updated(colocation=config, psm_utility=args.psm_utility)
-    return colocation_launch(settings, sglang_args), settings
+    return settings.updated(colocation=config, psm_utility=args.psm_utility)

@@ -57,19 +57,19 @@ def _mount_batch_api(server_args: object, settings: PluginSettings) -> None:
         sys.exit("error: the Batch API needs --tokenizer-worker-num 1 (or sgl-blend serve --no-batch-api)")
     from sglang.srt.entrypoints.http_server import app
 
-    from sgl_blend.jobs.line_plan import LinePlanner
-    from sgl_blend.jobs.line_work import LinePartitioner
+    from sgl_blend.batch_lines.plan import LinePlanner
+    from sgl_blend.batch_lines.tokenize import LineTokenizer
     from sgl_blend.server.app import install_batch_api, loopback_url
     from sgl_blend.server.assignment import PrefixAssigner
     from sgl_blend.server.db import StoreInUse
 
-    hardware = settings.device(server_args.tp_size)
-    assigner = PrefixAssigner(LinePartitioner(server_args.model_path, hardware))
-    planner = LinePlanner.for_policy(settings.offline_policy, server_args.model_path, hardware)
+    cost_model = settings.cost_model(server_args.model_path, server_args.tp_size)
     try:
         install_batch_api(app, config, self_url=loopback_url(server_args.host, server_args.port),
-                          api_key=server_args.api_key, admin_api_key=server_args.admin_api_key, assigner=assigner,
-                          planner=planner)
+                          api_key=server_args.api_key, admin_api_key=server_args.admin_api_key,
+                          assigner=PrefixAssigner(cost_model), planner=LinePlanner.for_policy(settings.offline_policy,
+                                                                                              cost_model),
+                          tokenizer=LineTokenizer(server_args.model_path))
     except (StoreInUse, ValueError, OSError) as error:
         sys.exit(f"error: the Batch API store cannot be opened: {error}")
 

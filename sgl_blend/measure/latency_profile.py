@@ -137,20 +137,22 @@ def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int 
                     sglang_args: Sequence[str] = (), cache_dir: Path | None = None) -> dict[str, Any]:
     """Start a server, run the grid ``repeats`` times, fit, and write the report to ``out``
     (and the raw per-iteration records beside it, ``<out>.records.jsonl``)."""
-    from sgl_blend.launch.colocation import COLOCATION_FLAGS, with_free_port
     from sgl_blend.launch.flags import with_defaults
+    from sgl_blend.launch.colocation import with_free_port
     from sgl_blend.models.registry import resolve_model_path
     from sgl_blend.launch.supervisor import start_server
-    from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
+    from sgl_blend.sglang_plugin.settings import ANNOTATED_CACHE, MIXED_CHUNK, OFF, PluginSettings
 
     out.parent.mkdir(parents=True, exist_ok=True)
     records_path = out.with_suffix(".records.jsonl")
     records_path.unlink(missing_ok=True)
     vocab_size = int(json.loads((resolve_model_path(model, cache_dir) / "config.json").read_text())["vocab_size"])
     points = latency_grid(quick)
-    args = with_defaults(with_free_port(sglang_args), COLOCATION_FLAGS)
+    # Profiled on the engine co-location runs (mixed batches, the plugin's radix cache), without a pool.
+    settings = PluginSettings(offline_policy=OFF, iteration_log=str(records_path))
+    args = with_defaults(with_free_port(sglang_args), MIXED_CHUNK + ANNOTATED_CACHE)
     server = start_server(model, args, cache_dir=cache_dir, log_path=out.with_suffix(".server.log"),
-                          settings=PluginSettings(offline_policy=OFF, iteration_log=str(records_path)))
+                          settings=settings)
     try:
         asyncio.run(drive_grid(server.base_url, points[:WARMUP_POINTS], vocab_size, seed))
         warmup = sum(1 for _ in read_records(records_path))

@@ -25,7 +25,7 @@ import httpx
 
 from sgl_blend.client import http
 from sgl_blend.core.request_timing import RequestTiming, summarize  # noqa: F401 (re-exported)
-from sgl_blend.jobs.lines import BatchLine
+from sgl_blend.batch_lines.lines import BatchLine
 from sgl_blend.offline import offline_headers
 
 OFFLINE_JOB = "colocation-load"

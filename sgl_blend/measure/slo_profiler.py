@@ -14,9 +14,9 @@ from dataclasses import asdict
 from typing import Any, Callable, Sequence
 
 from sgl_blend.client import http
+from sgl_blend.batch_lines.lines import BatchLine
 from sgl_blend.core.request_timing import summarize
 from sgl_blend.core.slo_search import SLO, SearchResult, search_budget
-from sgl_blend.jobs.lines import BatchLine
 from sgl_blend.measure.online_replay import OfflineLoad, OnlineRequest, replay_with_offline
 
 BASELINE = "baseline"

@@ -15,7 +15,6 @@ import os
 from typing import Any
 
 from sgl_blend import __version__, cpu_compat
-from sgl_blend.core.cost_model import ModelSpec
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.core.prefill_room import prefill_room
 from sgl_blend.core.psm_policy import PSMPolicy, make_offline_policy
@@ -69,7 +68,7 @@ class PluginRuntime:
     def _create_pool(self, tree_cache: Any) -> OfflinePool:
         settings = self.settings
         server_args = sgl.get_server_args()
-        model = ModelSpec.from_hf_dir(server_args.model_path)
+        model = settings.priced_model(server_args.model_path)
         name = settings.offline_policy
         options = {"utility": settings.psm_utility} if name == PSMPolicy.name and settings.psm_utility is not None else {}
         reusers = ReuserIndex() if self.mode.kv_priorities else None

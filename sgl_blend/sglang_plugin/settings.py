@@ -16,12 +16,20 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from sgl_blend.core.colocation import ColocationConfig
-from sgl_blend.core.cost_model import HardwareSpec
+from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec, model_spec
 from sgl_blend.core.policy_registry import REGISTRY, SERVE, lookup
 from sgl_blend.cpu_compat import cuda_present
 from sgl_blend.emulation.config import EmulationConfig
 
 SETTINGS_ENV = "SGLBLEND_SETTINGS"
+Flags = tuple[tuple[str, str | None], ...]
+MIXED_CHUNK: Flags = (("--enable-mixed-chunk", None),)
+# BlendServe's tree annotations and Echo's KV priorities live in the plugin's radix cache.
+ANNOTATED_CACHE: Flags = (("--radix-cache-backend", "sgl-blend"),)
+# Two scan sides keep two prefix families warm: evict first the prefixes no pending line reuses.
+PRIORITY_EVICTION: Flags = (("--radix-eviction-policy", "priority"),)
+# BROS's KV layout assumes each request owns its slots, so bros mode runs without the radix cache.
+NO_RADIX_CACHE: Flags = (("--disable-radix-cache", None),)
 OFF = "off"
 DEFAULT_POLICY = "blendserve"
 DEFAULT_HARDWARE = "a100-80g"
@@ -77,6 +85,38 @@ class PluginSettings:
     def pool_enabled(self) -> bool:
         """Whether the plugin's pool orders offline work; for SGLang's own orders it stays out."""
         return REGISTRY[self.offline_policy].in_plugin
+
+    def sglang_flags(self) -> Flags:
+        """The SGLang flags this configuration runs with, as defaults a user's own flag overrides.
+
+        Mixed prefill/decode batches wherever offline work is ordered (by the plugin's pool or by
+        SGLang's own order it is compared with: every policy gets the same engine knobs, as the
+        simulator models them) and wherever online and offline work share iterations; SGLang's
+        ``--schedule-policy`` that the registry names for the policy; and the radix-cache backend
+        and eviction a blending plan or a co-location mode needs. ``off`` adds nothing."""
+        entry = REGISTRY[self.offline_policy]
+        flags: list[tuple[str, str | None]] = []
+        mode = self.colocation.mode if self.colocation.enabled else None
+        if entry.name != OFF or mode:
+            flags += MIXED_CHUNK
+        if entry.sglang_schedule and entry.name != OFF:
+            flags.append(("--schedule-policy", entry.sglang_schedule))
+        if mode == "bros":
+            flags += NO_RADIX_CACHE
+        elif mode:
+            flags += ANNOTATED_CACHE
+        elif entry.blends and self.device().blending_pays:
+            flags += ANNOTATED_CACHE + PRIORITY_EVICTION
+        return tuple(flags)
+
+    def priced_model(self, model_path: str) -> ModelSpec:
+        """The model the cost model prices: the emulated one when emulating (SGLang then runs a
+        tiny stand-in at ``model_path``), else the served model itself."""
+        return model_spec(self.emulation.model if self.emulation is not None else model_path)
+
+    def cost_model(self, model_path: str, tp_size: int = 1) -> CostModel:
+        """The cost model the plugin's pool and the batch planner price with."""
+        return CostModel(self.priced_model(model_path), self.device(tp_size))
 
     def device(self, tp_size: int = 1) -> HardwareSpec:
         """The cost model's device as one scheduler of a ``tp_size``-wide TP group sees it."""

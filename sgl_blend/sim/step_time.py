@@ -36,7 +36,7 @@ class StepTime:
         """Noise-free time of ``shape``; 0 for an empty batch."""
         if shape.is_empty():
             return 0.0
-        comp = self.cost.compute_side(shape.prefill_tokens + shape.decode_reqs, shape.prefill_attention)
+        comp = self.cost.compute_side(shape.prefill_tokens + shape.decode_reqs, shape.causal_pairs)
         return self.overlap(comp, self.cost.memory_side(shape.decode_context))
 
 

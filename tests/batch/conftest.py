@@ -1,6 +1,6 @@
 """Fixtures of the Batch API tests: a real PostgreSQL server started in a temporary directory, one
-shared tiny-llama server with an API key and small file limits (so the 413 and too-many-lines
-cases are cheap), and the official `openai` client on it.
+shared tiny-llama server with an API key and small file and line limits (so the 413,
+too-many-lines and line-too-long cases are cheap), and the official `openai` client on it.
 
 The shared server keeps its batch store in that PostgreSQL, so the API tests run end to end on the
 multi-server backend; the kill-and-restart test and the runner test use the default SQLite store.
@@ -24,15 +24,16 @@ from sgl_blend.launch.supervisor import ServerProcess, start_server
 from tests.conftest import free_port
 
 API_KEY = "sk-batch-test"
-MAX_FILE_BYTES = 256 * 1024
+MAX_FILE_BYTES = 1024 * 1024
 MAX_FILE_LINES = 400
+MAX_LINE_BYTES = 256 * 1024
 POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
 def start_batch_server(work_dir: Path, data_dir: Path, store_url: str = "") -> ServerProcess:
     work_dir.mkdir(parents=True, exist_ok=True)
     config = BatchApiConfig(data_dir=data_dir, store_url=store_url, max_file_bytes=MAX_FILE_BYTES,
-                            max_file_lines=MAX_FILE_LINES)
+                            max_file_lines=MAX_FILE_LINES, max_line_bytes=MAX_LINE_BYTES)
     return start_server("tiny-llama", ["--port", str(free_port()), "--api-key", API_KEY, "--enable-cache-report"],
                         log_path=work_dir / "server.log", batch_api=config)
 

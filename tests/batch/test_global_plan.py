@@ -14,7 +14,9 @@ from sgl_blend.client import http
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.runner import BatchRunner
 from sgl_blend.server.store import BatchStore
-from sgl_blend.jobs.line_plan import LinePlanner
+from sgl_blend.batch_lines.plan import LinePlanner
+from sgl_blend.batch_lines.tokenize import LineTokenizer
+from sgl_blend.core.cost_model import CostModel, ModelSpec
 from sgl_blend.models.registry import model_dir
 from sgl_blend.launch.supervisor import ServerProcess
 from sgl_blend.sglang_plugin.settings import configured_hardware
@@ -36,9 +38,10 @@ def family_lines(batch: str) -> list[dict]:
 def test_two_batches_are_planned_together_and_fed_in_plan_order(batch_server: ServerProcess, tmp_path: Path) -> None:
     store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
     batch_ids = [add_batch(store, blobs, family_lines(name)) for name in ("a", "b")]
-    planner = LinePlanner(model_dir("tiny-llama"), configured_hardware())
+    model = model_dir("tiny-llama")
+    planner = LinePlanner(CostModel(ModelSpec.from_hf_dir(model), configured_hardware()))
     runner = BatchRunner(store, blobs, workers=[batch_server.base_url], owner="plan-runner", api_key=API_KEY,
-                         max_inflight=WINDOW, planner=planner)
+                         max_inflight=WINDOW, planner=planner, tokenizer=LineTokenizer(model))
 
     run_until(runner, lambda: all(store.get_batch(batch_id).status == "completed" for batch_id in batch_ids),
               "both batches to complete")

@@ -11,7 +11,7 @@ from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.ids import new_file_id
 from sgl_blend.server.results import ForeignBytes, LineResult, _ResultFiles
 from sgl_blend.server.store import BatchCommit
-from sgl_blend.jobs.sender import LineOutcome, LineUsage
+from sgl_blend.batch_lines.sender import LineOutcome, LineUsage
 
 
 def result(line: int) -> LineResult:

@@ -13,8 +13,9 @@ import pytest
 from sgl_blend.server.assignment import Slot
 from sgl_blend.server.db import SQLITE_FILE, StoreInUse
 from sgl_blend.server.ids import new_batch_id, new_file_id
+from sgl_blend.server.prepared import PreparedBatch
 from sgl_blend.server.store import AlreadyCommitted, BatchCommit, BatchRow, BatchStore, Conflict, FileRow, LeaseLost
-from sgl_blend.server.validation import FileRejected, index_input_file
+from sgl_blend.server.validation import CHUNK_LINES, FileRejected, LineLimits, index_batch
 from tests.batch.conftest import new_database
 from tests.batch.helpers import chat_line, jsonl
 
@@ -50,7 +51,8 @@ def started(store: BatchStore, tmp_path: Path, lines: list, owner: str = "runner
     store.claim_batches(owner, now=1000.0, lease_s=30)
     path = tmp_path / "input.jsonl"
     path.write_bytes(jsonl(lines))
-    store.start_batch(batch.id, owner, index_input_file(path, batch.endpoint, 100), now=1001)
+    total = index_batch(store, owner, batch.id, path, tmp_path / "prepared", LineLimits((batch.endpoint,), 100))
+    store.start_batch(batch.id, owner, total, now=1001)
     return store.get_batch(batch.id)
 
 
@@ -133,11 +135,11 @@ def test_validation_indexes_lines_and_bad_ones_carry_their_error(store: BatchSto
     assert [(line.line_number, line.custom_id, line.error_code) for line in lines] == [
         (1, "a", None), (3, None, "invalid_json"), (4, None, "duplicate_custom_id"), (5, "c", "invalid_url"),
         (6, "b", None)]
-    again = index_input_file(tmp_path / "input.jsonl", batch.endpoint, 100)
-    assert store.start_batch(batch.id, "runner-a", again, now=1002) is None  # a stale second start changes nothing
+    assert not store.start_batch(batch.id, "runner-a", 5, now=1002)  # a stale second start changes nothing
+    assert not store.clear_lines(batch.id, "runner-a")  # nor does a stale validation
     assert store.get_batch(batch.id).in_progress_at == 1001
-    text = (tmp_path / "input.jsonl").read_bytes()
-    assert json.loads(text[lines[4].byte_offset:lines[4].byte_offset + lines[4].byte_length])["custom_id"] == "b"
+    request = PreparedBatch(tmp_path / "prepared").request(lines[4].byte_offset, lines[4].byte_length)
+    assert request.url == "/v1/chat/completions" and json.loads(request.body) == chat_line("b")["body"]
     assert [line.line_number for line in store.pending_lines(batch.id, after_line=3, limit=2)] == [4, 5]
 
 
@@ -148,10 +150,12 @@ def test_a_rejected_file_leaves_no_lines_behind(store: BatchStore, tmp_path: Pat
     store.add_batch(batch)
     store.claim_batches("runner-a", now=1000.0, lease_s=30)
     path = tmp_path / "input.jsonl"
-    path.write_bytes(jsonl([chat_line(str(index)) for index in range(5)]))
+    path.write_bytes(jsonl([chat_line(str(index)) for index in range(CHUNK_LINES + 5)]))
     with pytest.raises(FileRejected) as rejected:
-        store.start_batch(batch.id, "runner-a", index_input_file(path, batch.endpoint, max_lines=4), now=1001)
+        index_batch(store, "runner-a", batch.id, path, tmp_path / "prepared", LineLimits((batch.endpoint,), CHUNK_LINES + 4))
     assert rejected.value.code == "too_many_requests"
+    assert not (tmp_path / "prepared").exists()
+    assert store.clear_lines(batch.id, "runner-a")
     assert store.pending_lines(batch.id, after_line=0, limit=10) == []
     store.fail_batch(batch.id, "runner-a", [rejected.value.as_batch_error()], now=1002)
     failed = store.get_batch(batch.id)

@@ -10,6 +10,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from sgl_blend.launch.flags import with_defaults
+
 from sgl_blend.cli import main
 from sgl_blend.emulation.config import EmulationConfig
 from sgl_blend.emulation.launch import emulated_launch, emulated_token
@@ -116,7 +118,8 @@ def test_serve_emulate_starts_the_emulated_launch(captured_start: dict[str, Any]
                  "--detach", "--enable-mixed-chunk"]) == 0
     plan = emulated_launch("h100", "llama-3.1-70b", ["--tp-size", "8", "--enable-mixed-chunk"])
     assert captured_start["model"] == str(plan.model_path)
-    assert captured_start["sglang_args"] == plan.sglang_args
+    assert captured_start["sglang_args"] == with_defaults(plan.sglang_args,
+                                                          plan.settings_for(PluginSettings()).sglang_flags())
     assert captured_start["settings"].emulation == plan.emulation
     assert "emulating h100 running llama-3.1-70b at TP 8" in capsys.readouterr().out
 

@@ -20,8 +20,8 @@ H100 = HardwareSpec.resolve("h100-sxm")
 
 
 def by_hand(model, hardware, tokens: int, pairs: float, context: int, interference: float) -> float:
-    """Linear layers at max(FLOP time, weight read) plus 8 H L FLOPs per attention pair; decode KV
-    reads; ``max + lambda min``."""
+    """Linear layers at max(FLOP time, weight read) plus 8 H L FLOPs per causal attention pair (a
+    cold prompt of p tokens: the cost model's 4 p^2 H L); decode KV reads; ``max + lambda min``."""
     linear = max(tokens * 2 * model.params / hardware.flops, model.params * model.dtype_bytes / hardware.bandwidth)
     comp = linear + pairs * 8 * model.hidden * model.layers / hardware.flops
     mem = context * model.kv_bytes_per_token / hardware.bandwidth
@@ -38,7 +38,7 @@ def test_prices_are_the_cost_model_on_the_emulated_h100(extends, contexts) -> No
     pricer = ForwardPricer.of(resolve_device("h100"), "llama-3.1-8b", tp=1)
     shape = batch_shape(extends, contexts)
     tokens = sum(extend for extend, _ in extends) + len(contexts)
-    pairs = sum(extend * (prefix + extend) for extend, prefix in extends)
+    pairs = sum(extend * prefix + extend * (extend + 1) / 2 for extend, prefix in extends)
     expected = by_hand(LLAMA_8B, H100, tokens, pairs, sum(contexts), TWO_STREAM_INTERFERENCE)
     assert pricer.seconds(shape) == pytest.approx(expected, rel=1e-12)
     assert pricer.seconds(shape) == StepTime.of(CostModel(LLAMA_8B, H100), overlap_function("interference")).seconds(shape)
@@ -48,7 +48,7 @@ def test_tp_prices_a_group_of_devices() -> None:
     pricer = ForwardPricer.of(resolve_device("a100-80g"), "llama-3.1-70b", tp=8)
     group = HardwareSpec.resolve("a100-80g").scaled(8)
     shape = batch_shape([(4096, 0)], [2000] * 64)
-    expected = by_hand(model_spec("llama-3.1-70b"), group, 4096 + 64, 4096 * 4096, 2000 * 64, TWO_STREAM_INTERFERENCE)
+    expected = by_hand(model_spec("llama-3.1-70b"), group, 4096 + 64, 4096 * 4097 / 2, 2000 * 64, TWO_STREAM_INTERFERENCE)
     assert pricer.hardware_name == "a100-80gx8"
     assert pricer.seconds(shape) == pytest.approx(expected, rel=1e-12)
 
@@ -65,7 +65,7 @@ def test_the_cpu_profile_prices_without_overlap() -> None:
     pricer = ForwardPricer.of(resolve_device("cpu"), "llama-3.1-8b", tp=1)
     cpu = HardwareSpec.resolve("cpu")
     assert pricer.seconds(batch_shape([(64, 0)], [100])) == pytest.approx(
-        by_hand(LLAMA_8B, cpu, 65, 64 * 64, 100, cpu.corun_interference), rel=1e-12)
+        by_hand(LLAMA_8B, cpu, 65, 64 * 65 / 2, 100, cpu.corun_interference), rel=1e-12)
 
 
 def batch(mode: str, **fields) -> SimpleNamespace:

@@ -16,6 +16,7 @@ from sgl_blend.client import http
 from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.server.db import SQLITE_FILE
 from sgl_blend.jobs.fresh_server import run_on_server
+from sgl_blend.jobs.run_batch import JobOptions
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from tests.batch.helpers import create_batch, jsonl, records, wait_until
 from tests.conftest import free_port
@@ -76,7 +77,7 @@ def test_run_batch_spreads_its_lines_over_the_ranks(dp_server: ServerProcess, tm
     source.write_bytes(jsonl(lines))
     before = finished_by_rank(dp_server)
     totals, state = run_on_server(dp_server, source, tmp_path / "out.jsonl", tmp_path / "err.jsonl",
-                                  show_progress=False)
+                                  options=JobOptions(show_progress=False))
     assert totals.completed == len(lines) and totals.failed == 0
     assert [rank["dp_rank"] for rank in state["ranks"]] == [0, 1]
     after = finished_by_rank(dp_server)

@@ -19,7 +19,7 @@ import requests
 
 from sgl_blend.workloads.batch_files import fewshot_lines, iter_jsonl, write_jsonl
 from sgl_blend.jobs.fresh_server import run_on_fresh_server
-from sgl_blend.jobs.run_batch import JobTotals
+from sgl_blend.jobs.run_batch import JobOptions, JobTotals
 from sgl_blend.launch.supervisor import ServerProcess
 from tests.conftest import free_port
 from tests.waiting import wait_for
@@ -78,7 +78,7 @@ def run_policy(policy: str, batch_file: Path, work: Path) -> PolicyRun:
     run.totals, run.plugin = run_on_fresh_server(
         "tiny-llama", policy, batch_file, output, work / "errors.jsonl",
         sglang_args=["--port", str(free_port()), "--max-total-tokens", KV_TOKENS], server_log=work / "server.log",
-        show_progress=False, while_running=online_chat(run, output) if policy == "blendserve" else None)
+        options=JobOptions(show_progress=False), while_running=online_chat(run, output) if policy == "blendserve" else None)
     run.last_offline_at = output.stat().st_mtime
     for record in iter_jsonl(output):
         assert record["custom_id"] not in run.texts, f"{record['custom_id']} answered twice"
@@ -103,8 +103,12 @@ def test_every_request_answered_once_with_fcfs_text(runs: dict[str, PolicyRun]) 
         assert set(run.texts) == expected, policy
         assert run.totals.failed == 0, policy
         assert run.plugin["offline"]["policy"] == policy
+    # A request's KV is computed in batches of other shapes under another order (and its prefix
+    # may come from the radix cache), so float rounding differs, and a random-weight model's rare
+    # near-tie can flip one greedy token; an answer sent to the wrong request would differ in
+    # nearly all of them.
     mismatched = [cid for cid, text in runs["blendserve"].texts.items() if text != runs["fcfs"].texts[cid]]
-    assert not mismatched, f"{len(mismatched)} texts differ from the fcfs run, e.g. {mismatched[:3]}"
+    assert len(mismatched) <= len(expected) // 100, f"{len(mismatched)} texts differ from the fcfs run: {mismatched[:3]}"
 
 
 def test_cache_hits_blendserve_close_to_dfs_and_above_fcfs(runs: dict[str, PolicyRun]) -> None:

@@ -22,7 +22,7 @@ from sgl_blend.core.policy_log import replay
 from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.models.registry import model_dir
 from sgl_blend.jobs.fresh_server import run_on_fresh_server
-from sgl_blend.jobs.run_batch import JobTotals
+from sgl_blend.jobs.run_batch import JobOptions, JobTotals
 from sgl_blend.sglang_plugin.settings import configured_hardware
 from tests.conftest import free_port
 
@@ -54,8 +54,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobTotals, dict[str, 
     batch_file = write_jsonl(root / "batch.jsonl", shuffled_batch())
     return run_on_fresh_server("tiny-llama", "blendserve", batch_file, root / "out.jsonl", root / "errors.jsonl",
                                sglang_args=["--port", str(free_port()), "--max-total-tokens", "8192"],
-                               hardware=HARDWARE, server_log=root / "server.log", show_progress=False,
-                               max_inflight=256, settings_overrides={"record_policy_calls": True})
+                               hardware=HARDWARE, server_log=root / "server.log",
+                               options=JobOptions(max_inflight=256, show_progress=False),
+                               settings_overrides={"record_policy_calls": True})
 
 
 def test_every_line_answered_once(run: tuple[JobTotals, dict[str, Any]]) -> None:

@@ -1,9 +1,9 @@
-"""Sending one OpenAI batch line to a server, and turning its answer into an output or error record.
+"""Sending one prepared batch line to a server, and turning its answer into an output or error record.
 
-`sgl-blend run-batch` and the server's batch runner both send lines this way, so a line's record
-and its token accounting are the same whichever path ran it. A line that got no answer at all
-(connection refused or dropped) raises `WorkerUnreachable` instead of becoming a record: it has not
-run, so the caller decides whether to send it again or to give up on it.
+The batch runner (behind the Batch API and `sgl-blend run-batch` alike) sends every line this way.
+A line that got no answer at all (connection refused or dropped) raises `WorkerUnreachable`
+instead of becoming a record: it has not run, so the caller decides whether to send it again or
+to give up on it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import httpx
 
 from sgl_blend.client import http
-from sgl_blend.jobs.lines import BatchLine, output_record
+from sgl_blend.batch_lines.lines import PreparedRequest, output_record
 
 # The routes whose request carries SGLang's ``routed_dp_rank`` (embedding requests have no such field).
 DP_ROUTED_URLS = ("/v1/chat/completions", "/v1/completions")
@@ -70,32 +70,30 @@ class LineOutcome:
     aborted: bool = False
 
 
-async def send_line(client: httpx.AsyncClient, base_url: str, line: BatchLine,
-                    headers: Mapping[str, str] | None = None, rid: str | None = None,
-                    dp_rank: int | None = None) -> LineOutcome:
-    """POST the line's body to ``base_url + line.url``; any HTTP answer becomes the line's record.
-    ``rid`` names the request inside SGLang, so that `abort_requests` can stop it; ``dp_rank``
-    has SGLang's DP controller run it on that rank (chat and completion lines)."""
-    body = {**line.body, "rid": rid} if rid else line.body
-    if dp_rank is not None and line.url in DP_ROUTED_URLS:
-        body = {**body, "routed_dp_rank": dp_rank}
-    try:  # encoded here: httpx's own JSON encoding refuses the NaN a line may carry; the server judges it
-        response = await client.post(base_url + line.url, content=json.dumps(body).encode(),
+async def send_request(client: httpx.AsyncClient, base_url: str, custom_id: str, request: PreparedRequest,
+                       headers: Mapping[str, str] | None = None, rid: str | None = None,
+                       dp_rank: int | None = None) -> LineOutcome:
+    """POST the line's prepared request to ``base_url + request.url``; any HTTP answer becomes the
+    line's record. ``rid`` names the request inside SGLang, so that `abort_requests` can stop it;
+    ``dp_rank`` has SGLang's DP controller run it on that rank (chat and completion lines)."""
+    body = request.body_with(rid=rid, routed_dp_rank=dp_rank if request.url in DP_ROUTED_URLS else None)
+    try:
+        response = await client.post(base_url + request.url, content=body,
                                      headers={"Content-Type": "application/json", **(headers or {})})
     except http.NoAnswer as error:
         raise WorkerUnreachable(f"{base_url}: {type(error).__name__}: {error}") from error
     text, status = response.text, response.status_code
     try:
-        body = json.loads(text)
+        answer = json.loads(text)
     except json.JSONDecodeError:
-        body = {"error": {"message": text[:2000]}}
+        answer = {"error": {"message": text[:2000]}}
     if status != 200:
-        return LineOutcome(False, output_record(line.custom_id, status, body), LineUsage())
-    request_id = body.get("id") if isinstance(body, dict) else None
-    aborted = any(choice.get("finish_reason") == "abort" for choice in (body.get("choices") or [])
-                  if isinstance(choice, dict)) if isinstance(body, dict) else False
-    return LineOutcome(not aborted, output_record(line.custom_id, status, body, request_id),
-                       LineUsage.from_body(body), aborted)
+        return LineOutcome(False, output_record(custom_id, status, answer), LineUsage())
+    request_id = answer.get("id") if isinstance(answer, dict) else None
+    aborted = any(choice.get("finish_reason") == "abort" for choice in (answer.get("choices") or [])
+                  if isinstance(choice, dict)) if isinstance(answer, dict) else False
+    return LineOutcome(not aborted, output_record(custom_id, status, answer, request_id),
+                       LineUsage.from_body(answer), aborted)
 
 
 async def abort_requests(client: httpx.AsyncClient, base_url: str, rids: list[str],

@@ -1,8 +1,9 @@
-"""Batch lines as the DP partitioner sees them: prompt token ids and an output-length bound.
+"""Batch lines as the planner and the DP partitioner see them: prompt token ids and an
+output-length bound.
 
-Placing a batch's lines on DP ranks (or servers) needs their prompts as the engine will see
-them, so that lines sharing a prefix share a subtree: chat lines go through the model's own chat
-template, completion and embedding lines through its tokenizer. A prompt that cannot be
+Planning a batch and placing its lines on DP ranks (or servers) need their prompts as the engine
+will see them, so that lines sharing a prefix share a subtree: chat lines go through the model's
+own chat template, completion and embedding lines through its tokenizer. A prompt that cannot be
 tokenised (an unusual content shape, a template error) still gets placed, with its text's tokens
 or none at all: placement only decides where a line runs, never whether it runs.
 """
@@ -13,14 +14,14 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
-from sgl_blend.jobs.lines import BatchLine
-from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
-from sgl_blend.core.dp_shares import WorkItem, plan_shares
+from sgl_blend.batch_lines.lines import BatchLine
 from sgl_blend.core.output_length import DEFAULT_FALLBACK
 
 logger = logging.getLogger(__name__)
+# Prompts are kept as int32 token ids; a line's id outside that range is no token of any model.
+TOKEN_ID_LIMIT = 2**31
 
 
 class LineTokenizer:
@@ -91,7 +92,7 @@ class LineTokenizer:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]
         if isinstance(prompt, list) and all(isinstance(token, int) for token in prompt):
-            return list(prompt)
+            return [token for token in prompt if 0 <= token < TOKEN_ID_LIMIT]
         if isinstance(prompt, str):
             return list(self.tokenizer.encode(prompt, add_special_tokens=True))
         return []
@@ -103,27 +104,3 @@ def output_bound(body: dict[str, Any]) -> tuple[int, bool]:
     if isinstance(bound, int) and bound > 0:
         return bound, bool(body.get("ignore_eos"))
     return DEFAULT_FALLBACK, False
-
-
-def work_item(key: int, line: BatchLine, tokenizer: LineTokenizer) -> WorkItem:
-    bound, exact = output_bound(line.body)
-    return WorkItem(key, tokenizer.prompt_ids(line), bound, exact)
-
-
-class LinePartitioner:
-    """Splits batch lines into balanced shares of whole prefix subtrees, with BlendServe's
-    planner and DP partitioner, for one model on one kind of device."""
-
-    def __init__(self, model_path: str | Path, hardware: HardwareSpec) -> None:
-        self.tokenizer = LineTokenizer(model_path)
-        self.cost_model = CostModel(ModelSpec.from_hf_dir(model_path), hardware)
-
-    def shares(self, lines: Iterable[BatchLine], k: int) -> list[list[int]]:
-        """Line numbers per share, k shares."""
-        items = [work_item(line.line_number, line, self.tokenizer) for line in lines]
-        return plan_shares(items, k, self.cost_model).shares
-
-
-def shares_by_rank(shares: Sequence[Sequence[int]]) -> dict[int, int]:
-    """line number -> index of the share that holds it."""
-    return {number: rank for rank, share in enumerate(shares) for number in share}
