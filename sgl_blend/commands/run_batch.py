@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=names_for(RUN_BATCH), default="blendserve",
                         help="offline order: " + describe(RUN_BATCH))
     parser.add_argument("--hardware", default=None, help="hardware profile for the cost model (name or hw.json)")
+    parser.add_argument("--emulate", default=None, metavar="DEVICE",
+                        help="run on an emulated GPU (h100, a100-80g, or a profile JSON): SGLang runs for real, each "
+                             "forward is priced at --model's shapes (llama-3.1-8b, llama-3.1-70b) and the summary "
+                             "reports the job's time on that device")
     parser.add_argument("--max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT,
                         help="lines handed to the scheduler at once")
     parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
@@ -60,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         totals, state = run_on_fresh_server(
             args.model, args.policy, args.input, args.output, error_path, sglang_args=args.extra_args,
-            hardware=args.hardware, server_log=server_log,
+            hardware=args.hardware, server_log=server_log, emulate=args.emulate,
             options=JobOptions(args.max_inflight, args.max_line_bytes, show_progress=not args.no_progress))
-    except (ServerStartError, FileNotFoundError, JobInputChanged) as error:
+    except (ServerStartError, FileNotFoundError, ValueError, JobInputChanged) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -73,13 +73,15 @@ class DeviceClock:
         self.recent.append({"kind": kind, "shape": shape.to_dict(), "seconds": seconds, "measured_seconds": measured_s})
 
     def state(self) -> dict[str, Any]:
-        """Totals since start; an idle interval under way counts up to now."""
+        """Totals since start; an idle interval under way counts up to now (and how much of it is
+        under way: a job that ended before it began did not wait through it)."""
         now = self._now()
-        idle = self.idle_wall_seconds + (now - self._idle_since if self._idle_since is not None else 0.0)
+        under_way = now - self._idle_since if self._idle_since is not None else 0.0
         return {
             "device_seconds": self.device_seconds,
             "forwards": self.forwards,
-            "idle_wall_seconds": idle,
+            "idle_wall_seconds": self.idle_wall_seconds + under_way,
+            "idle_under_way_seconds": under_way,
             "wall_seconds": now - self.started,
             "by_kind": {kind: totals.to_dict() for kind, totals in self.by_kind.items()},
             "recent": list(self.recent),

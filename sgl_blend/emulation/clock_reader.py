@@ -51,3 +51,30 @@ def emulated_seconds(before: ClockReading, after: ClockReading) -> float:
     if set(before.ranks) != set(after.ranks):
         raise ValueError(f"the readings are of different ranks: {sorted(before.ranks)} and {sorted(after.ranks)}")
     return max(after.emulated_seconds(rank) - before.emulated_seconds(rank) for rank in after.ranks)
+
+
+@dataclass(frozen=True)
+class JobTime:
+    """A job's emulated time on the slowest rank: ``device_seconds`` of forwards plus
+    ``idle_seconds`` the device waited for work while the job still had lines to run."""
+
+    device_seconds: float
+    idle_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return self.device_seconds + self.idle_seconds
+
+
+def job_time(before: ClockReading, after: ClockReading) -> JobTime:
+    """The emulated time of a job that began at ``before`` and whose last line was answered by
+    ``after``: the idle interval under way at ``after`` began when the last forward ended, after
+    the job's work, so it is not the job's."""
+    if set(before.ranks) != set(after.ranks):
+        raise ValueError(f"the readings are of different ranks: {sorted(before.ranks)} and {sorted(after.ranks)}")
+    times = []
+    for rank in after.ranks:
+        start, end = before.ranks[rank], after.ranks[rank]
+        idle = float(end["idle_wall_seconds"]) - float(end["idle_under_way_seconds"]) - float(start["idle_wall_seconds"])
+        times.append(JobTime(float(end["device_seconds"]) - float(start["device_seconds"]), max(idle, 0.0)))
+    return max(times, key=lambda time: time.seconds)

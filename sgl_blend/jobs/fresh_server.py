@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from sgl_blend.client import http
 from sgl_blend.core.policy_registry import RUN_BATCH, lookup
-from sgl_blend.jobs.run_batch import JobEngine, JobFiles, JobOptions, JobTotals, run_job
+from sgl_blend.emulation.clock_reader import job_time, read_clock
+from sgl_blend.emulation.launch import emulated_launch
+from sgl_blend.jobs.run_batch import EmulatedJob, JobEngine, JobFiles, JobOptions, JobTotals, run_job
 from sgl_blend.launch.flags import flag_value, with_defaults
 from sgl_blend.sglang_plugin.settings import PluginSettings
 
@@ -37,18 +39,25 @@ def run_on_fresh_server(
     options: JobOptions = JobOptions(),
     while_running: Callable[[ServerProcess], None] | None = None,
     settings_overrides: Mapping[str, Any] | None = None,
+    emulate: str | None = None,
 ) -> tuple[JobTotals, dict[str, Any]]:
     """Start a server for one policy, run the job, and stop it.
 
     Returns the job totals and the plugin's final scheduler state. ``while_running`` runs in a
     thread alongside the job (online traffic, for instance) and is joined before the server stops.
     ``settings_overrides`` change `PluginSettings` fields of the policy's (``record_policy_calls``, for instance).
+    ``emulate`` names a device to emulate (`sgl_blend.emulation`): ``model`` may then be a priced
+    shape such as ``llama-3.1-8b``, and the totals carry the job's emulated time.
     """
     from sgl_blend.launch.supervisor import start_server
 
     settings = policy_launch(policy, hardware).updated(**(settings_overrides or {}))
-    args = with_defaults(["--enable-cache-report", *sglang_args], settings.sglang_flags())
-    server = start_server(model, args, log_path=server_log, settings=settings)
+    args = ["--enable-cache-report", *sglang_args]
+    if emulate:
+        launch = emulated_launch(emulate, model, args)
+        model, args, settings = str(launch.model_path), launch.sglang_args, launch.settings_for(settings)
+    server = start_server(model, with_defaults(args, settings.sglang_flags()), log_path=server_log,
+                          settings=settings)
     try:
         return run_on_server(server, input_path, output_path, error_path, settings=settings, options=options,
                              while_running=while_running)
@@ -76,11 +85,15 @@ def run_on_server(
     side_thread = threading.Thread(target=while_running, args=(server,)) if while_running else None
     if side_thread:
         side_thread.start()
+    clock = read_clock(server.base_url, server.api_key) if settings.emulation else None
     try:
         totals = run_job(JobFiles(input_path, output_path, error_path), engine, settings.offline_policy, options)
     finally:
         if side_thread:
             side_thread.join()
+    if clock is not None:
+        totals.emulated = EmulatedJob(settings.emulation.device, job_time(clock, read_clock(server.base_url,
+                                                                                             server.api_key)))
     return totals, scheduler_plugin_state(server)
 
 

@@ -27,6 +27,7 @@ from sgl_blend.batch_lines.plan import LinePlanner
 from sgl_blend.batch_lines.tokenize import LineTokenizer
 from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES, RUN_BATCH_ENDPOINT
 from sgl_blend.batch_lines.sender import LineUsage
+from sgl_blend.emulation.clock_reader import JobTime
 from sgl_blend.server.assignment import PrefixAssigner
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.config import DEFAULT_MAX_INFLIGHT
@@ -64,27 +65,48 @@ class JobFiles:
 @dataclass
 class JobTotals:
     """What one run of a job did. ``skipped``: lines an earlier run had finished; ``not_run``:
-    lines still unfinished when this run stopped (Ctrl-C, the engine gone), left for a re-run."""
+    lines still unfinished when this run stopped (Ctrl-C, the engine gone), left for a re-run.
+    ``wall_seconds``: this machine's time; on an emulated GPU ``emulated`` holds the job's time on
+    the emulated device, which its rates are reported over."""
 
     completed: int = 0
     failed: int = 0
     skipped: int = 0
     not_run: int = 0
     usage: LineUsage = field(default_factory=LineUsage)
-    seconds: float = 0.0
+    wall_seconds: float = 0.0
+    emulated: EmulatedJob | None = None
 
     @property
     def cached_tokens(self) -> int:
         return self.usage.cached_tokens
 
+    @property
+    def seconds(self) -> float:
+        return self.emulated.time.seconds if self.emulated else self.wall_seconds
+
     def summary(self) -> dict[str, Any]:
+        emulated = self.emulated
         return {
             "completed": self.completed,
             "failed": self.failed,
             "skipped_already_done": self.skipped,
             "not_run_engine_unreachable": self.not_run,
             **self.usage.report(self.seconds),
+            "emulated": emulated is not None,
+            "device": emulated.device if emulated else None,
+            "idle_seconds": round(emulated.time.idle_seconds, 3) if emulated else None,
+            "device_seconds": round(emulated.time.device_seconds, 3) if emulated else None,
+            "wall_seconds": round(self.wall_seconds, 2),
         }
+
+
+@dataclass(frozen=True)
+class EmulatedJob:
+    """A job's time on an emulated device (`sgl_blend.emulation.clock_reader.job_time`)."""
+
+    device: str
+    time: JobTime
 
 
 @dataclass(frozen=True)
@@ -158,7 +180,7 @@ async def _follow(store: BatchStore, start: BatchRow, runner: BatchRunner, engin
     return JobTotals(completed=row.completed - start.completed, failed=row.failed - start.failed,
                      skipped=done_before, not_run=max(row.total - row.completed - row.failed, 0)
                      if row.status not in TERMINAL_STATUSES else 0,
-                     usage=usage, seconds=time.monotonic() - began)
+                     usage=usage, wall_seconds=time.monotonic() - began)
 
 
 def _show(bar: tqdm, row: BatchRow, start: BatchRow, elapsed: float) -> None:

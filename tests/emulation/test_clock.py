@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sgl_blend.emulation.clock import DeviceClock
-from sgl_blend.emulation.clock_reader import ClockReading, emulated_seconds
+from sgl_blend.emulation.clock_reader import ClockReading, emulated_seconds, job_time
 from sgl_blend.emulation.pricing import batch_shape
 
 
@@ -76,6 +76,20 @@ def test_a_jobs_emulated_time_is_device_plus_idle_time_of_its_slowest_rank() -> 
     before = ClockReading.from_server_info(info((1, 5.0, 1.0), (0, 2.0, 3.0)))
     after = ClockReading.from_server_info(info((0, 10.0, 4.0), (1, 8.0, 1.5)))
     assert emulated_seconds(before, after) == pytest.approx(max(8.0 + 1.0, 3.0 + 0.5))
+
+
+def test_a_jobs_time_leaves_out_the_idle_after_its_last_forward() -> None:
+    time = FakeTime()
+    clock = DeviceClock(now=time)
+    clock.idle()
+    time.now += 2.0
+    before = ClockReading({0: clock.state()})
+    time.now += 1.0  # the job's warm-up: lines remain, nothing runs yet
+    clock.forward("prefill", batch_shape([(100, 0)]), 4.0)
+    clock.idle()
+    time.now += 7.0  # after the job's last forward: the runner commits and reports
+    job = job_time(before, ClockReading({0: clock.state()}))
+    assert (job.device_seconds, job.idle_seconds, job.seconds) == (4.0, 1.0, 5.0)
 
 
 def test_a_server_that_emulates_nothing_is_refused() -> None:
