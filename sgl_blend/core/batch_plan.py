@@ -19,7 +19,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Hashable, Mapping, Sequence
 
-from sgl_blend.core.cost_model import CostModel, memory_partition
+from sgl_blend.core.cost_model import CostModel, SharingPrice, memory_partition, shared_density
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
 from sgl_blend.core.placement import COMPUTE, MEMORY, SAMPLE, Placement
@@ -69,21 +69,22 @@ def plan_batch(items: Sequence[WorkItem], cost_model: CostModel, *, blend: bool,
     def include(index: int) -> bool:
         return index < len(items) and index not in sampled
 
+    price = cost_model.sharing_price()
     if blend:
-        plan = Planner(tree, include).plan()
-        order, boundary = plan.order, plan.boundary
+        plan = Planner(tree, price, include).plan()
+        order, boundary, reuse = plan.order, plan.boundary, plan.reuse
     else:
         order = [index for index in tree.dfs_order() if include(index)]
-        boundary = len(order)
+        boundary, reuse = len(order), {}
     placements: dict[Hashable, Placement] = {}
     for position, index in enumerate(samples):
-        placements[keys[index]] = _placement(tree, estimator, index, SAMPLE, position)
+        placements[keys[index]] = _placement(tree, estimator, price, index, 0, SAMPLE, position)
     for position, index in enumerate(order, start=len(samples)):
         side = COMPUTE if position - len(samples) < boundary else MEMORY
-        placements[keys[index]] = _placement(tree, estimator, index, side, position)
-    left, right = order[:boundary], order[boundary:][::-1]
-    share = _memory_share(tree, cost_model, estimator, left, right)
-    feed = [keys[index] for index in samples + _interleave(tree, cost_model, estimator, left, right, share)]
+        placements[keys[index]] = _placement(tree, estimator, price, index, reuse.get(index, 0), side, position)
+    left, right = order[:boundary], order[boundary:]
+    share = _memory_share(tree, price, reuse, left, right)
+    feed = [keys[index] for index in samples + _interleave(tree, cost_model, estimator, left, right[::-1], share)]
     return BatchPlan(feed, placements, [keys[index] for index in samples], share)
 
 
@@ -97,22 +98,32 @@ def _insert(tree: PrefixTree, cost_model: CostModel, index: int, item: WorkItem,
         tree.insert(index, item.prompt_ids, comp, mem)
 
 
-def _placement(tree: PrefixTree, estimator: OutputLengthEstimator, index: int, side: str, position: int) -> Placement:
+def _placement(tree: PrefixTree, estimator: OutputLengthEstimator, price: SharingPrice, index: int, reuse: int,
+               side: str, position: int) -> Placement:
+    """The request's place; its density counts the prefix it reuses from the request before it."""
     comp, mem = tree.cost(index)
-    return Placement(side, position, comp / mem if mem > 0 else float("inf"), estimator.estimate(index))
+    return Placement(side, position, shared_density(comp, mem, price.prefix_saving(reuse)), estimator.estimate(index))
 
 
-def _memory_share(tree: PrefixTree, cost_model: CostModel, estimator: OutputLengthEstimator,
-                  left: list[int], right: list[int]) -> float:
-    """``M_R / M`` (Alg. 3, step 1) for the two sides' totals."""
+def _memory_share(tree: PrefixTree, price: SharingPrice, reuse: Mapping[int, int], left: list[int],
+                  right: list[int]) -> float:
+    """``M_R / M`` (Alg. 3, step 1) for the two sides (each in plan order), with each side's
+    compute less what its requests save by reusing their neighbour's prefix within the side: a
+    side is scanned as one DFS run, so its first request shares nothing with the other side."""
     if not left or not right:
         return 1.0 if right else 0.0
-    totals = [[sum(tree.cost(index)[part] for index in side) for part in (0, 1)] for side in (left, right)]
-    (comp_left, mem_left), (comp_right, mem_right) = totals
+    densities = []
+    for side in (left, right):
+        comp = sum(tree.cost(index)[0] for index in side)
+        mem = sum(tree.cost(index)[1] for index in side)
+        saved = sum(price.prefix_saving(reuse.get(index, 0)) for index in side[1:])
+        densities.append((comp, mem, saved))
+    (comp_left, mem_left, saved_left), (comp_right, mem_right, saved_right) = densities
     if mem_left <= 0 or mem_right <= 0:
         return 0.0 if mem_right <= 0 else 1.0
-    rho_root = (comp_left + comp_right) / (mem_left + mem_right)
-    _share_left, share_right = memory_partition(1.0, rho_root, comp_left / mem_left, comp_right / mem_right)
+    rho_root = shared_density(comp_left + comp_right, mem_left + mem_right, saved_left + saved_right)
+    _share_left, share_right = memory_partition(1.0, rho_root, shared_density(comp_left, mem_left, saved_left),
+                                                shared_density(comp_right, mem_right, saved_right))
     return share_right
 
 

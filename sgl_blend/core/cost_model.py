@@ -4,7 +4,9 @@ A request with prompt length p and output length d costs
 ``Comp = 2 (p + d) P + 4 p^2 H L`` FLOPs (the quadratic attention term is kept; the paper drops
 it) and ``Mem = (p d + d^2 / 2) H_kv L 2 b`` bytes of KV reads during decoding. Dividing by the
 device's FLOP/s and bandwidth gives times, and their ratio is the request's compute density:
-above 1 a request is compute-bound, below 1 memory-bound. Only ratios matter to the scheduler,
+above 1 a request is compute-bound, below 1 memory-bound. A set of requests that share prompt
+prefixes computes each shared token once: its density is its compute less what those tokens save
+(`SharingPrice`), over its memory time (`shared_density`). Only ratios matter to the scheduler,
 so the hardware spec needs no more than peak FLOP/s, bandwidth and KV memory.
 """
 
@@ -167,9 +169,9 @@ class CostModel:
     def comp_time(self, prompt: int, output: int) -> float:
         return ((prompt + output) * self._flops_per_token + self._attn_coeff * prompt * prompt) / self.hardware.flops
 
-    def prefill_time_per_token(self) -> float:
-        """Compute time of one prompt token without its attention term: what sharing saves."""
-        return self._flops_per_token / self.hardware.flops
+    def sharing_price(self) -> SharingPrice:
+        """What a cached prompt token saves on this model and device (see `SharingPrice`)."""
+        return SharingPrice(self._flops_per_token / self.hardware.flops, 2.0 * self._attn_coeff / self.hardware.flops)
 
     def mem_time(self, prompt: int, output: int) -> float:
         return (prompt * output + output * output / 2.0) * self._kv_bytes / self.hardware.bandwidth
@@ -218,14 +220,40 @@ def decode_reserve(output: int, max_new_tokens: int, exact: bool) -> float:
     return ratio * (clipped * CLIP_MAX_NEW_TOKENS + tail) / output
 
 
+@dataclass(frozen=True)
+class SharingPrice:
+    """Compute seconds a prompt token found in the prefix cache saves: ``token`` for its pass
+    through the linear layers (``2 P / FLOPs``) and ``pair`` for each query-key pair of its own
+    causal attention row (``8 H L / FLOPs``; `CostModel.comp_time`'s ``4 p^2 H L`` is ``p^2 / 2``
+    such pairs). A request that reuses a cached prefix of ``k`` tokens computes neither their
+    ``k`` linear passes nor their ``k^2 / 2`` pairs; its remaining tokens still attend to them.
+
+    This is what BlendServe's densities discount for sharing, instead of the paper's ``(1 - s)``
+    of all compute: sharing removes prompt tokens from the prefill and nothing else, so a set whose
+    compute is mostly decoding keeps it, and a set of few-shot prompts sheds most of its compute.
+    For a set whose compute is all prefill the two coincide."""
+
+    token: float
+    pair: float
+
+    def saving(self, tokens: float, pairs: float) -> float:
+        """Seconds saved by ``tokens`` cached prompt tokens whose own rows hold ``pairs`` pairs."""
+        return tokens * self.token + pairs * self.pair
+
+    def prefix_saving(self, length: int) -> float:
+        """Seconds a request saves by finding its first ``length`` prompt tokens cached."""
+        return self.saving(length, length * length / 2.0)
+
+
 def optimal_time(t_comp: float, t_mem: float, sharing: float) -> float:
     """``T_o = max((1 - s) T_comp, T_mem)``: perfect overlap at sharing ratio s."""
     return max((1.0 - sharing) * t_comp, t_mem)
 
 
-def subset_density(t_comp: float, t_mem: float, sharing: float) -> float:
-    """``rho(R) = (1 - s) T_comp / T_mem`` for a request set with sharing ratio s."""
-    return (1.0 - sharing) * t_comp / t_mem if t_mem > 0 else float("inf")
+def shared_density(t_comp: float, t_mem: float, saved: float) -> float:
+    """``rho(R)`` of a request set: its compute less the ``saved`` seconds its shared prompt
+    tokens do not recompute (`SharingPrice`), over its memory time."""
+    return max(t_comp - saved, 0.0) / t_mem if t_mem > 0 else float("inf")
 
 
 def memory_partition(total: float, rho_root: float, rho_left: float, rho_right: float) -> tuple[float, float]:

@@ -76,7 +76,7 @@ def plan_shares(items: Iterable[WorkItem], k: int, cost_model: CostModel, *,
         tree.insert(index, item.prompt_ids, cost_model.comp_time(prompt, output), cost_model.mem_time(prompt, output))
     if not keys:
         return DPShares([[] for _ in range(k)], [0.0] * k, [0] * (k - 1), 0)
-    plan = Planner(tree, split_threshold=split_threshold).plan()
+    plan = Planner(tree, cost_model.sharing_price(), split_threshold=split_threshold).plan()
 
     def shared_prefix(a: int, b: int) -> int:
         return _shared_prefix(tree, a, b)

@@ -46,6 +46,7 @@ class PlannedPolicy(ABC):
     def __init__(self, cost_model: CostModel, *, seed: int = 0, replan_fraction: float = REPLAN_FRACTION,
                  sample_rate: float | None = None, paced: bool | None = None) -> None:
         self.cost_model = cost_model
+        self.sharing = cost_model.sharing_price()
         self.sample_rate = self.default_sample_rate if sample_rate is None else sample_rate
         # ``paced`` overrides the class default, so any order can run with BlendServe's Alg. 3
         # prefill pacing (the "DFS + the same pacing" baseline) and BlendServe without it.
@@ -119,7 +120,7 @@ class PlannedPolicy(ABC):
         reuse = self._reuse.get(index, prompt - unshared)
         comp, mem = self.tree.cost(index)
         request = self._requests[index]
-        return Load(comp - reuse * self.cost_model.prefill_time_per_token(), mem, prompt - reuse,
+        return Load(comp - self.sharing.prefix_saving(reuse), mem, prompt - reuse,
                     self.estimator.estimate(index), self.footprint(index), prompt, unshared,
                     request.max_new_tokens, request.exact_output_len)
 
@@ -262,10 +263,10 @@ class PlannedPolicy(ABC):
         index = self._index.get(rid)
         if index is None:
             return None
-        comp, mem = self.tree.cost(index)
+        load = self.load(index)
         node = self.tree.node_of[index]
         sharers = node.parent.count if node.parent is not None and node.parent.parent is not None else node.count
-        return (comp / mem if mem > 0 else float("inf"), max(sharers - 1, 0))
+        return (load.comp / load.mem if load.mem > 0 else float("inf"), max(sharers - 1, 0))
 
     def pending_count(self) -> int:
         return len(self._pending)
@@ -292,7 +293,7 @@ class BlendServePolicy(PlannedPolicy):
     def _order(self, include: Callable[[int], bool]) -> Plan:
         if not self.blends:
             return _dfs_plan(self.tree, include)
-        return Planner(self.tree, include, self.split_threshold).plan()
+        return Planner(self.tree, self.sharing, include, self.split_threshold).plan()
 
     def admission_side(self, rid: str) -> str | None:
         index = self._index.get(rid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sgl_blend.core.cost_model import (
-    BUILTIN_MODELS, CostModel, HardwareSpec, ModelSpec, memory_partition, optimal_time, subset_density,
+    BUILTIN_MODELS, CostModel, HardwareSpec, ModelSpec, memory_partition, optimal_time, shared_density,
 )
 
 LLAMA_8B_CONFIG = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -49,10 +49,23 @@ def test_request_costs_by_hand() -> None:
     assert cost.kv_footprint(10, 5) == 12.5
 
 
-def test_optimal_time_and_subset_density() -> None:
+def test_optimal_time_and_shared_density() -> None:
     assert optimal_time(10.0, 4.0, 0.5) == 5.0
     assert optimal_time(10.0, 6.0, 0.5) == 6.0
-    assert subset_density(10.0, 4.0, 0.5) == 1.25
+    assert shared_density(10.0, 4.0, 5.0) == 1.25
+    assert shared_density(10.0, 0.0, 5.0) == float("inf")
+
+
+def test_a_cached_prefix_saves_exactly_the_prefill_of_its_tokens() -> None:
+    """Reusing k of p prompt tokens removes k linear passes and the k^2 / 2 pairs of their own
+    attention rows: what is left is the compute of the p - k tokens attending to all p."""
+    model = ModelSpec("toy", params=1e9, layers=2, hidden=8, kv_heads=1, head_dim=4, dtype_bytes=2)
+    cost = CostModel(model, HardwareSpec("toy", flops=1e12, bandwidth=1e9, kv_memory_bytes=1e6))
+    price = cost.sharing_price()
+    prompt, output, reused = 100, 7, 60
+    left = (2 * (prompt - reused + output) * 1e9 + 8 * 8 * 2 * (prompt ** 2 - reused ** 2) / 2) / 1e12
+    assert cost.comp_time(prompt, output) - price.prefix_saving(reused) == pytest.approx(left)
+    assert price.saving(3, 0) == pytest.approx(3 * 2e9 / 1e12)
 
 
 def test_tp_scales_compute_bandwidth_and_memory() -> None:
