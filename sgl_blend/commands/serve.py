@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help="where bundled models are built")
     parser.add_argument("--log-file", type=Path, default=None, help="write the server's output here")
     parser.add_argument("--detach", action="store_true",
-                        help="return once /health is 200 and leave the server running (prints its pid)")
+                        help="return once /health is 200 and leave the server running (prints its pid); without it the "
+                             "server dies with this command, however it dies (kill -9 included)")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /health")
     parser.add_argument("--offline-policy", choices=names_for(SERVE), default="blendserve",
                         help="order of offline work (batch lines) in the scheduler: " + describe(SERVE))
@@ -108,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     sglang_args = with_defaults(sglang_args, settings.sglang_flags())
     try:
         server = start_server(model, sglang_args, cache_dir=args.cache_dir, log_path=args.log_file,
-                              ready_timeout_s=args.ready_timeout, settings=settings, batch_api=batch_api)
+                              ready_timeout_s=args.ready_timeout, settings=settings, batch_api=batch_api,
+                              outlive=args.detach)
     except (ServerStartError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

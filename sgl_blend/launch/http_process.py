@@ -1,7 +1,8 @@
 """The SGLang HTTP server process that `sgl-blend serve` supervises.
 
-It is SGLang's own launcher with two differences: the CPU compatibility finder is installed
-first, so the process imports even where no ``.pth`` start-up line put it in place; and, when
+It is SGLang's own launcher with these differences: it dies with its supervisor
+(`launch.lifeline`); the CPU compatibility finder is installed first, so the process imports even
+where no ``.pth`` start-up line put it in place; and, when
 `sgl-blend serve` passed a Batch API configuration, the Files and Batches routes are mounted on
 SGLang's app before it starts (same host, port and API key as SGLang's own routes). On a CPU with
 several scheduler ranks, each is bound to its own cores.
@@ -13,10 +14,12 @@ import os
 import sys
 
 from sgl_blend import cpu_compat
+from sgl_blend.launch import lifeline
 from sgl_blend.sglang_plugin.settings import PluginSettings, SettingsError
 
 
 def main(argv: list[str] | None = None) -> None:
+    lifeline.watch_parent()
     cpu_compat.install()
     try:
         settings = PluginSettings.from_env()

@@ -1,14 +1,19 @@
 """`sgl-blend serve`: run SGLang's HTTP server with the plugin, and supervise it.
 
-The server runs as a child in its own process group, so that Ctrl-C, SIGTERM or a crash of the
-supervisor takes down SGLang's scheduler and detokenizer too, and never leaves an orphan holding
-a port and gigabytes of KV memory.
+The server runs as a child in its own process group, so that Ctrl-C or SIGTERM of the supervisor
+stops SGLang's scheduler and detokenizer too, and it holds the supervisor's lifeline
+(`launch.lifeline`), so that a supervisor killed outright (SIGKILL, the OOM killer) takes the
+server with it: no orphan is left holding a port, a data directory and gigabytes of KV memory.
+A start on a port something already listens on is refused before SGLang loads anything, since the
+health check would otherwise be answered by whatever holds the port.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +25,7 @@ import httpx
 
 from sgl_blend import cpu_compat
 from sgl_blend.client import http
+from sgl_blend.launch import lifeline
 from sgl_blend.launch.flags import CPU_DEFAULT_FLAGS, CPU_ENV, flag_value, with_defaults
 from sgl_blend.models.registry import resolve_model_path
 from sgl_blend.server.config import CONFIG_ENV as BATCH_API_ENV
@@ -34,18 +40,24 @@ STOP_GRACE_S = 15.0
 
 
 class ServerStartError(RuntimeError):
-    """SGLang exited before it became healthy."""
+    """SGLang exited before it became healthy, or could not start at all."""
+
+
+class PortInUse(ServerStartError):
+    """Something already listens on the port the server was asked to take."""
 
 
 @dataclass
 class ServerProcess:
-    """A running `sgl-blend` server: its process group and where it answers."""
+    """A running `sgl-blend` server: its process group, where it answers, and the write end of its
+    lifeline (None for a server meant to outlive this process)."""
 
     process: subprocess.Popen
     base_url: str
     api_key: str | None = None
     log_path: Path | None = None
     argv: list[str] = field(default_factory=list)
+    lifeline: int | None = None
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
         """SIGTERM the whole group, then SIGKILL whatever is left after the grace period."""
@@ -55,12 +67,22 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             pass
         _signal_group(self.process, signal.SIGKILL)
-        return self.process.wait()
+        code = self.process.wait()
+        self._cut_lifeline()
+        return code
 
     def kill(self) -> None:
         """Hard-kill the whole group at once, as a crash or the OOM killer would."""
         _signal_group(self.process, signal.SIGKILL)
         self.process.wait()
+        self._cut_lifeline()
+
+    def _cut_lifeline(self) -> None:
+        """Close the lifeline once the server is gone (closing it earlier would SIGKILL a server
+        that is still stopping gracefully)."""
+        if self.lifeline is not None:
+            os.close(self.lifeline)
+            self.lifeline = None
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
@@ -87,13 +109,18 @@ def start_server(
     ready_timeout_s: float = 600.0,
     settings: PluginSettings | None = None,
     batch_api: BatchApiConfig | None = None,
+    outlive: bool = False,
 ) -> ServerProcess:
-    """Start the server and return once ``/health`` answers 200; raise with SGLang's error otherwise.
+    """Start the server and return once ``/health`` answers 200; raise with SGLang's error otherwise,
+    or `PortInUse` at once when the port is taken.
 
     ``settings`` reach the plugin in every server process (None: the plugin's defaults).
     ``batch_api`` mounts the Files and Batches API on the server, with that configuration.
+    The server dies with this process unless ``outlive`` (`sgl-blend serve --detach`).
     """
     argv = server_argv(model, sglang_args, cache_dir)
+    host = flag_value(argv, "--host", "127.0.0.1")
+    refuse_busy_port(host, int(flag_value(argv, "--port")))
     env = dict(os.environ)
     if not cpu_compat.cuda_present():
         env.update(CPU_ENV)
@@ -103,15 +130,28 @@ def start_server(
     env.pop(BATCH_API_ENV, None)
     if batch_api is not None:
         env.update(batch_api.to_env())
+    read_end, write_end = lifeline.open_lifeline() if not outlive else (None, None)
+    if read_end is not None:
+        env.update(lifeline.child_env(read_end))
     log = open(log_path, "ab") if log_path else None
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sgl_blend.launch.http_process", *argv],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT if log else None,
-        start_new_session=True,
-    )
-    host = flag_value(argv, "--host", "127.0.0.1")
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sgl_blend.launch.http_process", *argv],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+            start_new_session=True,
+            pass_fds=() if read_end is None else (read_end,),
+        )
+    except BaseException:
+        if write_end is not None:
+            os.close(write_end)
+        raise
+    finally:
+        if read_end is not None:
+            os.close(read_end)
+        if log is not None:
+            log.close()
     host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     server = ServerProcess(
         process=process,
@@ -119,6 +159,7 @@ def start_server(
         api_key=flag_value(argv, "--api-key"),
         log_path=log_path,
         argv=argv,
+        lifeline=write_end,
     )
     try:
         wait_healthy(server, ready_timeout_s)
@@ -126,6 +167,22 @@ def start_server(
         server.stop(grace_s=5)
         raise
     return server
+
+
+def refuse_busy_port(host: str, port: int) -> None:
+    """Raise `PortInUse` when something listens on ``host:port``: bind the way uvicorn will
+    (SO_REUSEADDR, so a port left in TIME_WAIT by a stopped server counts as free)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                return  # an address SGLang cannot bind either: it reports that itself
+            raise PortInUse(f"port {port} on {host} is already in use: another server, perhaps one left running, "
+                            f"holds it (`ss -ltnp 'sport = :{port}'` names it); stop it or choose another --port") \
+                from None
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float) -> None:
