@@ -6,6 +6,10 @@ from request text. An upload is written to ``ID.part`` and renamed once complete
 crash mid-upload leaves no half file under a real id. `sgl-blend run-batch` names its own paths
 for its three files (``named``): its input is read where it lies and its results are written
 straight into the output and error files the user asked for.
+
+A result file is only ever appended to or cut back to its committed length, never extended by
+anything but records: a file shorter than what the store says was committed lost committed
+results (a disk or an operator's doing), and `ResultFileDamaged` says so instead of hiding it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,16 @@ from sgl_blend.server.ids import is_batch_id, is_file_id
 PARTIAL_SUFFIX = ".part"
 STALE_PARTIAL_S = 3600.0
 READ_CHUNK = 1 << 20
+
+
+class ResultFileDamaged(RuntimeError):
+    """A result file is shorter than its committed length: committed results are gone."""
+
+    def __init__(self, path: Path, size: int, committed: int) -> None:
+        super().__init__(f"{path} has {size} bytes but {committed} were committed: committed results were lost")
+
+    def as_batch_error(self) -> dict[str, str | None]:
+        return {"code": "result_file_damaged", "message": str(self), "param": None, "line": None}
 
 
 class BlobDir:
@@ -56,15 +70,27 @@ class BlobDir:
         sync_dir(self.root)
 
     def open_append(self, file_id: str) -> BinaryIO:
-        return self.path(file_id).open("ab")
+        """Unbuffered, so that each write says how many bytes reached the file."""
+        return self.path(file_id).open("ab", buffering=0)
 
     def truncate(self, file_id: str, length: int) -> None:
-        """Cut a result file back to its committed length (creating it empty if it does not exist):
-        bytes past that were written by a run that died before committing them."""
-        with self.path(file_id).open("ab") as handle:
-            handle.truncate(length)
-            handle.flush()
-            os.fsync(handle.fileno())
+        """Cut a result file back to its committed length (creating it when nothing was committed):
+        bytes past that were written by a run that died before committing them. Raises
+        `ResultFileDamaged`, changing nothing, when the file is shorter than that."""
+        path = self.path(file_id)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | (os.O_CREAT if length == 0 else 0), 0o644)
+        except FileNotFoundError:
+            raise ResultFileDamaged(path, 0, length) from None
+        try:
+            size = os.fstat(descriptor).st_size
+            if size < length:
+                raise ResultFileDamaged(path, size, length)
+            if size > length:
+                os.ftruncate(descriptor, length)
+                os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
     def read_range(self, file_id: str, offset: int, length: int) -> bytes:
         with self.path(file_id).open("rb") as handle:

@@ -1,122 +1,142 @@
-"""One SQL connection to SQLite or PostgreSQL, behind the few calls the store needs.
+"""The store's database: a SQLAlchemy engine on SQLite or PostgreSQL, and its transactions.
 
-The store writes its SQL once, with ``?`` placeholders and the ``{id_column}`` / ``{float}`` type
-tokens, and this module adapts it to the dialect. A connection is shared by the event loop's
-worker threads, so every transaction holds a lock.
+Every store call checks a connection out of the engine's pool for one transaction and gives it
+back, so no caller waits behind another's connection: API reads and the runner's commits go on
+side by side (a PostgreSQL row lock or SQLite's one writer orders only what must be ordered).
 
-SQLite is for one server: its database file lives in the data directory, whose lock file a
-second server cannot take. PostgreSQL is for several servers sharing one store.
+PostgreSQL is for several servers sharing one store. Its connections are checked before use
+(``pool_pre_ping``), so a store that restarted costs one reconnect, not an error; they carry a
+connect timeout, TCP keepalives and a user timeout, so a half-open socket fails in seconds instead
+of hanging a worker thread; and statement, lock and idle-in-transaction timeouts, so neither a
+slow query nor a stalled holder of a row lock (a coordinator stopped mid-transaction) blocks the
+others for long. A URL may set any of these itself.
+
+SQLite is for one server: its database file lives in the data directory, whose lock file (an
+flock, which a killed process gives up at once) a second server cannot take. It runs in WAL mode
+with ``synchronous=FULL``, so a committed line survives power loss too; a write transaction
+begins ``IMMEDIATE`` (it takes the write lock up front, so it never fails half way when another
+writer got there first), a read transaction is deferred and reads a snapshot beside the writer.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import sqlite3
-import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 SQLITE_FILE = "batches.sqlite3"
 LOCK_FILE = "server.lock"
-_TYPE_TOKENS = {
-    "sqlite": {"id_column": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "DOUBLE PRECISION"},
-    "postgresql": {"id_column": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "float": "DOUBLE PRECISION"},
-}
+SQLITE_BUSY_S = 30.0
+# Connections one store holds at most: the API's worker threads and the runner's share them.
+POOL_SIZE, POOL_OVERFLOW, POOL_WAIT_S, POOL_RECYCLE_S = 8, 8, 30.0, 1800.0
+# libpq settings a URL does not give itself: seconds to connect, TCP keepalives, a user timeout
+# (ms) for sent data never acknowledged, and the server-side limits on one statement, one lock
+# wait and a transaction left idle (ms).
+POSTGRES_CONNECT_ARGS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                         "keepalives_count": 3, "tcp_user_timeout": 20_000}
+POSTGRES_SESSION = {"statement_timeout": 60_000, "lock_timeout": 30_000,
+                    "idle_in_transaction_session_timeout": 15_000}
+# How long a read that lost its connection is tried again (a PostgreSQL restart takes seconds).
+READ_RETRY_S = 30.0
+_WRITE = "sgl_blend_write"
+T = TypeVar("T")
 
 
 class StoreInUse(RuntimeError):
     """Another server already serves this data directory with its SQLite store."""
 
 
-class Transaction:
-    def __init__(self, cursor: Any, dialect: str) -> None:
-        self._cursor = cursor
-        self._dialect = dialect
+def connection_lost(error: BaseException) -> bool:
+    """Whether ``error`` is the database's operational trouble (unreachable, a dropped connection,
+    a lock or statement timeout, a full disk) rather than a refused statement: worth trying again."""
+    return isinstance(error, OperationalError) or (isinstance(error, DBAPIError) and error.connection_invalidated)
 
-    def _sql(self, sql: str) -> str:
-        return sql.replace("?", "%s") if self._dialect == "postgresql" else sql
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        """Run one statement; the rows it returns (if any) as dicts."""
-        self._cursor.execute(self._sql(sql), tuple(params))
-        if self._cursor.description is None:
-            return []
-        names = [column[0] for column in self._cursor.description]
-        return [dict(zip(names, row)) for row in self._cursor.fetchall()]
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        self._cursor.executemany(self._sql(sql), [tuple(row) for row in rows])
-
-    @property
-    def rowcount(self) -> int:
-        return self._cursor.rowcount
+def retry_reads(read: Callable[..., T]) -> Callable[..., T]:
+    """Run a read-only store call again when its connection was lost: a read changes nothing,
+    so trying again is always safe (a write is not: it may have landed)."""
+    return retry(retry=retry_if_exception(connection_lost), stop=stop_after_delay(READ_RETRY_S),
+                 wait=wait_exponential(multiplier=0.1, max=2.0), reraise=True)(read)
 
 
 class Database:
-    def __init__(self, dialect: str, connect: Any, lock_descriptor: int | None = None) -> None:
-        self.dialect = dialect
-        self._connect = connect
-        self._connection = connect()
-        self._lock = threading.RLock()
+    def __init__(self, engine: Engine, lock_descriptor: int | None = None) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
         self._lock_descriptor = lock_descriptor
 
-    def ddl(self, sql: str) -> str:
-        return sql.format(**_TYPE_TOKENS[self.dialect])
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One atomic write: committed on normal exit, rolled back on an exception."""
+        with self.engine.connect() as connection:
+            connection.execution_options(**{_WRITE: True})
+            with connection.begin():
+                yield connection
 
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
-        """One atomic unit: committed on normal exit, rolled back on an exception."""
-        with self._lock:
-            if self.dialect == "sqlite":
-                cursor = self._connection.cursor()
-                cursor.execute("BEGIN IMMEDIATE")
-                try:
-                    yield Transaction(cursor, self.dialect)
-                except BaseException:
-                    self._connection.rollback()
-                    raise
-                self._connection.commit()
-            else:
-                if self._connection.closed:
-                    self._connection = self._connect()
-                with self._connection.transaction(), self._connection.cursor() as cursor:
-                    yield Transaction(cursor, self.dialect)
+    def read(self) -> Iterator[Connection]:
+        """One consistent read (a snapshot on SQLite, beside any writer)."""
+        with self.engine.connect() as connection, connection.begin():
+            yield connection
 
     def close(self) -> None:
-        """Close the connection and give up the data directory's lock (SQLite)."""
-        with self._lock:
-            self._connection.close()
-            if self._lock_descriptor is not None:
-                os.close(self._lock_descriptor)
-                self._lock_descriptor = None
+        """Close every pooled connection and give up the data directory's lock (SQLite)."""
+        self.engine.dispose()
+        if self._lock_descriptor is not None:
+            os.close(self._lock_descriptor)
+            self._lock_descriptor = None
 
 
 def open_database(store_url: str, data_dir: Path) -> Database:
     """``store_url``: empty for SQLite in ``data_dir``, or a ``postgresql://`` URL."""
-    if store_url.startswith(("postgresql://", "postgres://")):
-        import psycopg
-
-        return Database("postgresql", lambda: psycopg.connect(store_url))
+    if store_url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+        return Database(_postgres_engine(store_url))
     if store_url:
         raise ValueError(f"--batch-store takes a postgresql:// URL (or nothing for SQLite), not {store_url!r}")
     data_dir.mkdir(parents=True, exist_ok=True)
     lock_descriptor = _lock_data_dir(data_dir)
-
-    def connect() -> sqlite3.Connection:
-        connection = sqlite3.connect(data_dir / SQLITE_FILE, isolation_level=None, check_same_thread=False)
-        connection.execute("PRAGMA journal_mode=WAL")
-        # FULL: a committed line survives power loss too, not only a killed process.
-        connection.execute("PRAGMA synchronous=FULL")
-        connection.execute("PRAGMA busy_timeout=30000")
-        return connection
-
     try:
-        return Database("sqlite", connect, lock_descriptor)
+        return Database(_sqlite_engine(data_dir / SQLITE_FILE), lock_descriptor)
     except BaseException:
         os.close(lock_descriptor)
         raise
+
+
+def _postgres_engine(store_url: str) -> Engine:
+    url = make_url(store_url).set(drivername="postgresql+psycopg")
+    connect_args: dict[str, Any] = {key: value for key, value in POSTGRES_CONNECT_ARGS.items() if key not in url.query}
+    if "options" not in url.query:
+        connect_args["options"] = " ".join(f"-c {name}={value}" for name, value in POSTGRES_SESSION.items())
+    return create_engine(url, connect_args=connect_args, pool_pre_ping=True, pool_size=POOL_SIZE,
+                         max_overflow=POOL_OVERFLOW, pool_timeout=POOL_WAIT_S, pool_recycle=POOL_RECYCLE_S)
+
+
+def _sqlite_engine(path: Path) -> Engine:
+    engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_S},
+                           pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW, pool_timeout=POOL_WAIT_S)
+
+    @event.listens_for(engine, "connect")
+    def configure(dbapi_connection: Any, _record: Any) -> None:
+        # The driver's own transaction handling off: `begin` below says how each one starts.
+        dbapi_connection.isolation_level = None
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        # FULL: a committed line survives power loss too, not only a killed process.
+        dbapi_connection.execute("PRAGMA synchronous=FULL")
+        dbapi_connection.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_S * 1000)}")
+
+    @event.listens_for(engine, "begin")
+    def begin(connection: Connection) -> None:
+        write = connection.get_execution_options().get(_WRITE, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
 
 
 def _lock_data_dir(data_dir: Path) -> int:

@@ -58,6 +58,7 @@ class Dispatcher:
         """Fill every worker's window: in global plan order across the batches when they are
         planned, else taking lines from the batches in turn."""
         window = self.pool.max_inflight
+        batches = [batch for batch in batches if not self.writer.paused(batch.id)]
         for worker in self.pool.ready():
             slots = worker.slots()
             if self.global_plan is not None:

@@ -23,7 +23,7 @@ from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES, endpoint_urls, e
 from sgl_blend.batch_lines.sender import LineOutcome, LineUsage
 from sgl_blend.server.active import ActiveBatch, ActiveBatches
 from sgl_blend.server.assignment import Assigner, split_evenly
-from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.blobs import BlobDir, ResultFileDamaged
 from sgl_blend.server.dispatch import FEED_CHUNK, Dispatcher
 from sgl_blend.server.planning import GlobalPlanState
 from sgl_blend.server.prepared import PreparedBatch
@@ -144,9 +144,16 @@ class BatchRunner:
 
     async def _adopt(self, row: BatchRow) -> None:
         """Take a batch up: cut its result files back to the committed lengths (anything past them
-        was written by a run that died before committing); its lines are spread by `Dispatcher.assign`."""
-        await asyncio.to_thread(self.blobs.truncate, row.output_blob, row.output_bytes)
-        await asyncio.to_thread(self.blobs.truncate, row.error_blob, row.error_bytes)
+        was written by a run that died before committing); its lines are spread by `Dispatcher.assign`.
+        A file shorter than its committed length lost committed results: the batch fails, saying so."""
+        try:
+            await asyncio.to_thread(self.blobs.truncate, row.output_blob, row.output_bytes)
+            await asyncio.to_thread(self.blobs.truncate, row.error_blob, row.error_bytes)
+        except ResultFileDamaged as damaged:
+            logger.error("batch %s: %s", row.id, damaged)
+            await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [damaged.as_batch_error()],
+                                    int(time.time()))
+            return
         self._writer.open(row.id, row.output_blob, row.error_blob, row.output_bytes, row.error_bytes)
         self.batches.add(ActiveBatch(row, PreparedBatch(self.blobs.prepared_dir(row.id)),
                                      planned=self._global_plan is None))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping
 
 from sgl_blend.core.placement import Placement
 
@@ -13,6 +14,12 @@ TERMINAL_STATUSES = ("completed", "failed", "expired", "cancelled")
 PENDING, COMPLETED, FAILED = "pending", "completed", "failed"
 # Rows go in chunks, so that no statement has more parameters than a driver takes.
 INSERT_CHUNK = 1000
+
+
+def key_owner(api_key: str) -> str:
+    """The owner a file or batch records for the API key that created it: a stable hash of the
+    key, so the store never holds a key and the same key finds its objects after a restart."""
+    return "key-sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
 
 
 class Conflict(Exception):
@@ -39,6 +46,7 @@ class FileRow:
     bytes: int
     created_at: int
     expires_at: int | None = None
+    created_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,7 @@ class BatchRow:
     error_file_id: str | None = None
     owner: str | None = None
     lease_until: float = 0.0
+    created_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,23 +123,18 @@ _BATCH_FIELDS = tuple(BatchRow.__dataclass_fields__)
 _LINE_FIELDS = tuple(LineRow.__dataclass_fields__)
 
 
-def batch_row(row: dict[str, Any]) -> BatchRow:
+def batch_row(row: Mapping[str, Any]) -> BatchRow:
     values = {name: row[name] for name in _BATCH_FIELDS}
     for name in _BATCH_JSON_COLUMNS:
         values[name] = json.loads(values[name]) if values[name] is not None else None
     return BatchRow(**values)
 
 
-def file_row(row: dict[str, Any]) -> FileRow:
+def file_row(row: Mapping[str, Any]) -> FileRow:
     return FileRow(**{name: row[name] for name in FileRow.__dataclass_fields__})
 
 
-def line_row(row: dict[str, Any]) -> LineRow:
+def line_row(row: Mapping[str, Any]) -> LineRow:
     values = {name: row[name] for name in _LINE_FIELDS}
     values["placement"] = Placement.decode(values["placement"]) if values["placement"] else None
     return LineRow(**values)
-
-
-def marks(values: Sequence[Any]) -> str:
-    """One ``?`` placeholder per value."""
-    return ", ".join("?" for _ in values)

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from sqlalchemy import update
 
 from sgl_blend.client import http
 from sgl_blend.launch.supervisor import ServerProcess
@@ -18,6 +19,7 @@ from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.ids import new_batch_id, new_file_id
 from sgl_blend.server.runner import BatchRunner
 from sgl_blend.server.store import BatchRow, BatchStore
+from sgl_blend.server.store_schema import batches
 from tests.batch.conftest import API_KEY, MAX_FILE_BYTES, MAX_FILE_LINES
 from tests.batch.helpers import (WAIT_LIMIT_S, chat_line, chat_lines, create_batch, jsonl, mixed_lines, records,
                                  upload, wait_until)
@@ -152,8 +154,9 @@ def test_completion_window_expiry(client: openai.OpenAI, batch_server: ServerPro
         task = asyncio.create_task(runner.run())
         try:
             await wait_for_async(lambda: store.get_batch(batch_id).completed >= 3, "three lines done")
-            with store.db.transaction() as tx:
-                tx.execute("UPDATE batches SET expires_at = ? WHERE id = ?", (int(time.time()) - 1, batch_id))
+            with store.db.transaction() as connection:
+                connection.execute(update(batches).where(batches.c.id == batch_id)
+                                   .values(expires_at=int(time.time()) - 1))
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sqlalchemy import select
+
 from sgl_blend.client import http
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.runner import BatchRunner
 from sgl_blend.server.store import BatchStore
+from sgl_blend.server.store_schema import batch_lines
 from sgl_blend.batch_lines.plan import LinePlanner
 from sgl_blend.batch_lines.tokenize import LineTokenizer
 from sgl_blend.core.cost_model import CostModel, ModelSpec
@@ -46,8 +49,9 @@ def test_two_batches_are_planned_together_and_fed_in_plan_order(batch_server: Se
     run_until(runner, lambda: all(store.get_batch(batch_id).status == "completed" for batch_id in batch_ids),
               "both batches to complete")
     assert [store.get_batch(batch_id).completed for batch_id in batch_ids] == [FAMILIES * PER_FAMILY] * 2
-    with store.db.transaction() as tx:
-        rows = tx.execute("SELECT batch_id, line_number, custom_id, plan_rank, placement FROM batch_lines")
+    with store.db.read() as connection:
+        rows = connection.execute(select(batch_lines.c.batch_id, batch_lines.c.line_number, batch_lines.c.custom_id,
+                                         batch_lines.c.plan_rank, batch_lines.c.placement)).mappings().all()
     ranks = {(row["batch_id"], row["line_number"]): row for row in rows}
     assert all(row["plan_rank"] is not None and row["placement"] for row in rows), "the plan is in the store"
     assert len({row["plan_rank"] for row in rows}) == len(rows), "one plan ranks both batches' lines"

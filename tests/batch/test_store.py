@@ -16,7 +16,7 @@ from sgl_blend.server.ids import new_batch_id, new_file_id
 from sgl_blend.server.prepared import PreparedBatch
 from sgl_blend.server.store import AlreadyCommitted, BatchCommit, BatchRow, BatchStore, Conflict, FileRow, LeaseLost
 from sgl_blend.server.validation import CHUNK_LINES, FileRejected, LineLimits, index_batch
-from tests.batch.conftest import new_database
+from tests.batch.postgres import new_database
 from tests.batch.helpers import chat_line, jsonl
 
 _database_numbers = itertools.count()
