@@ -1,6 +1,9 @@
 """An iteration-level model of SGLang's engine on a modelled GPU, driving a real `AdmissionPolicy`.
 
-Each iteration, as SGLang's scheduler does it:
+Requests reach the scheduler through a `Feeder`: the batch runner's window of planned lines
+(`feed.RunnerFeed`, what run-batch and the Batch API do), or the whole batch at once
+(`WholeBatch`, offline work sent to ``serve`` without a plan). Each iteration, as SGLang's
+scheduler does it:
 
 1. Admission. The policy is offered the KV that is free once the running requests' future output
    is reserved (``min(max_new - decoded, 4096)`` tokens each, times the new-token ratio, or times 1
@@ -10,7 +13,9 @@ Each iteration, as SGLang's scheduler does it:
    Shared prompt segments come from the radix cache when resident (LRU eviction of unreferenced
    ones makes room).
 2. One mixed step: every decoding request produces a token; prefill chunks -- the one carried
-   over first, then the new ones, the last possibly cut -- fill the prefill room. The room is
+   over first, then the new ones, the last possibly cut -- fill the prefill room, and a request
+   whose prefill completes produces its first token in the same step (so a request of ``d``
+   output tokens decodes ``d - 1`` times, and its context at each decode counts the token fed in). The room is
    `prefill_room` (the rule the SGLang plugin calls too): the engine's chunk
    (``EngineConfig.token_budget``, a setting swept alike for every policy) less the decodes,
    capped by the policy's ``prefill_token_budget`` when it paces prefill (Alg. 3's ``C_L + C_R``).
@@ -36,7 +41,7 @@ unchanged, so the closed form is not what makes pacing slow.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -66,6 +71,28 @@ class EngineConfig:
     progress_interval: int = 32
 
 
+class Feeder(Protocol):
+    """What hands requests to the scheduler, and when: some at the start, more as requests finish."""
+
+    def start(self) -> Iterable[OfflineRequest]: ...
+
+    def finished(self, rid: str, output_len: int) -> Iterable[OfflineRequest]: ...
+
+
+class WholeBatch:
+    """Every request at once, unplanned and in the given order: offline work sent to ``serve``
+    without a plan, which the in-engine policy orders by itself."""
+
+    def __init__(self, requests: Sequence[SimRequest]) -> None:
+        self.requests = requests
+
+    def start(self) -> Iterable[OfflineRequest]:
+        return [OfflineRequest(r.rid, r.prompt_ids(), r.max_new_tokens, r.exact) for r in self.requests]
+
+    def finished(self, rid: str, output_len: int) -> Iterable[OfflineRequest]:
+        return ()
+
+
 class SimEngine:
     def __init__(self, cost: CostModel, policy: AdmissionPolicy, overlap: OverlapFunction,
                  config: EngineConfig = EngineConfig(), also_price: Sequence[OverlapFunction] = ()) -> None:
@@ -80,19 +107,23 @@ class SimEngine:
         self.step = IterationCost.of(cost)
         self._ratio_decay = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
 
-    def run(self, requests: Sequence[SimRequest], on_finish: Callable[[int], None] | None = None) -> SimResult:
-        return _Run(self, requests, on_finish).execute()
+    def run(self, requests: Sequence[SimRequest], feeder: Feeder | None = None,
+            on_finish: Callable[[int], None] | None = None) -> SimResult:
+        """Run ``requests`` (their true output lengths stop them) as ``feeder`` hands them over
+        (default: `WholeBatch`)."""
+        return _Run(self, requests, feeder or WholeBatch(requests), on_finish).execute()
 
 
 class _Run:
     """The state of one simulation: per-request arrays, and per-slot arrays for what runs."""
 
-    def __init__(self, engine: SimEngine, requests: Sequence[SimRequest],
+    def __init__(self, engine: SimEngine, requests: Sequence[SimRequest], feeder: Feeder,
                  on_finish: Callable[[int], None] | None) -> None:
         self.engine = engine
         self.cfg = engine.config
         self.policy = engine.policy
         self.requests = requests
+        self.feeder = feeder
         self.on_finish = on_finish
         self.index = {request.rid: i for i, request in enumerate(requests)}
         if len(self.index) != len(requests):
@@ -129,7 +160,7 @@ class _Run:
 
     def execute(self) -> SimResult:
         self.policy.set_kv_capacity(self.capacity)
-        self.policy.submit(OfflineRequest(r.rid, r.prompt_ids(), r.max_new_tokens, r.exact) for r in self.requests)
+        self.policy.submit(self.feeder.start())
         while len(self.finished) < len(self.requests):
             decoding = np.flatnonzero(self.active & (self.prefill_left == 0))
             admitted = self._admit(len(decoding))
@@ -227,6 +258,7 @@ class _Run:
         n_decode = len(decoding)
         room = self._prefill_room(n_decode)
         tokens, pairs = n_decode, 0.0
+        prefilled = []
         while self.prefill_queue and room > 0:
             slot = self.prefill_queue[0]
             chunk = min(int(self.prefill_left[slot]), room)
@@ -237,11 +269,12 @@ class _Run:
             self.done_before[slot] = before + chunk
             room -= chunk
             if self.prefill_left[slot] == 0:
-                self.prefill_queue.pop(0)
+                prefilled.append(self.prefill_queue.pop(0))
         comp = engine.step.compute_side(tokens, pairs)
         mem = engine.step.memory_side(float((self.prompt[decoding] + self.decoded[decoding]).sum()))
         self._account(1, comp, mem, [overlap(comp, mem) for overlap in engine.overlaps])
         self._advance(decoding, 1)
+        self._first_tokens(np.array(prefilled, dtype=np.int64))
 
     def _decode_stretch(self, decoding: np.ndarray) -> None:
         """Decode-only steps up to the next finish (or KV exhaustion), in closed form."""
@@ -342,6 +375,15 @@ class _Run:
             if self.active[slot]:
                 self.policy.progress(self.requests[int(self.slot_request[slot])].rid, int(self.decoded[slot]))
 
+    def _first_tokens(self, prefilled: np.ndarray) -> None:
+        """Requests whose prefill completed sample their next token from it, as SGLang's extend
+        forward does; its KV is written when it is fed in, at the next decode."""
+        if not len(prefilled):
+            return
+        self.decoded[prefilled] += 1
+        for slot in prefilled[self.decoded[prefilled] >= self.target[prefilled]]:
+            self._finish(int(slot))
+
     def _finish(self, slot: int) -> None:
         i = int(self.slot_request[slot])
         rid = self.requests[i].rid
@@ -350,5 +392,6 @@ class _Run:
         self.finished[rid] = int(self.decoded[slot])
         self._release(slot, keep_tail=True)
         self.policy.finished(rid, self.finished[rid])
+        self.policy.submit(self.feeder.finished(rid, self.finished[rid]))
         if self.on_finish:
             self.on_finish(1)

@@ -1,9 +1,12 @@
 """One simulation by name: a workload, a policy, a model on a device, an overlap function.
 
-Every policy runs on the same engine, cost model and prefill chunk; only the order it asks for
-and whether it paces prefill differ. The core's policies come from `make_policy`; SGLang's LPM is
-the simulator's own. Ablation variants separate BlendServe's two mechanisms, so neither can take
-credit for the other:
+A simulation runs a job the way run-batch and the Batch API run it (`feed.RunnerFeed`): a planned
+order is planned over the whole batch before anything is sent, and its lines go to the engine in
+plan order through the runner's window, each with its placement, for the policy inside the engine
+to admit by; other orders go in file order. Every policy runs on the same engine, cost model and
+limits; only the order, the plan and whether the engine's policy paces prefill differ. The core's
+policies come from `make_policy`; SGLang's LPM is the simulator's own. Ablation variants separate
+BlendServe's two mechanisms, so neither can take credit for the other:
 
 - ``dfs+pacing``: DFS order with BlendServe's Alg. 3 prefill pacing;
 - ``blendserve-order``: BlendServe's order (sort, split, dual scan) without the pacing;
@@ -15,10 +18,12 @@ from __future__ import annotations
 import random
 from typing import Callable, Sequence
 
+from sgl_blend.batch_lines.plan import LinePlanner
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.policies import PlannedPolicy, make_policy
 from sgl_blend.core.policy_registry import SIM, lookup, names_for
 from sgl_blend.sim.engine import EngineConfig, SimEngine
+from sgl_blend.sim.feed import RunnerFeed, runner_window
 from sgl_blend.sim.lpm_policy import SGLangLPMPolicy
 from sgl_blend.sim.metrics import SimResult
 from sgl_blend.sim.overlap import OverlapFunction
@@ -48,10 +53,14 @@ def submission_order(requests: Sequence[SimRequest], policy_name: str, seed: int
 
 def simulate(requests: Sequence[SimRequest], policy_name: str, model: ModelSpec, hardware: HardwareSpec,
              overlap: OverlapFunction, *, seed: int = 0, config: EngineConfig = EngineConfig(),
-             on_finish: Callable[[int], None] | None = None,
-             also_price: Sequence[OverlapFunction] = ()) -> SimResult:
-    """Run ``policy_name`` over ``requests``; ``also_price`` prices the same schedule under more
-    overlap functions (see `SimResult.seconds_under`)."""
-    policy = make_sim_policy(policy_name, model, hardware, seed)
-    engine = SimEngine(CostModel(model, hardware), policy, overlap, config, also_price)
-    return engine.run(submission_order(requests, policy_name, seed), on_finish)
+             on_finish: Callable[[int], None] | None = None, also_price: Sequence[OverlapFunction] = (),
+             window: int | None = None) -> SimResult:
+    """Run ``policy_name`` over ``requests`` (a batch file's lines, in file order) as the runner
+    feeds them through ``window`` lines in flight (None: the runner's own, `runner_window`);
+    ``also_price`` prices the same schedule under more overlap functions (`SimResult.seconds_under`)."""
+    cost = CostModel(model, hardware)
+    engine = SimEngine(cost, make_sim_policy(policy_name, model, hardware, seed), overlap, config, also_price)
+    ordered = submission_order(requests, policy_name, seed)
+    planner = LinePlanner.for_policy(lookup(policy_name, SIM).core_policy, cost)
+    feed = RunnerFeed(ordered, planner, window or runner_window(ordered, config, engine.capacity), seed)
+    return engine.run(ordered, feed, on_finish)

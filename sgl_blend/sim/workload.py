@@ -14,6 +14,7 @@ import hashlib
 from array import array
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 import numpy as np
 
@@ -74,3 +75,29 @@ def _tail_tokens(rid: str, length: int) -> array:
     tokens = array("i", [1 + (seed >> (16 * i)) % (TOKEN_RANGE - 1) for i in range(head)])
     tokens.extend(array("i", [_TAIL_FILL]) * (length - head))
     return tokens
+
+
+def requests_from_prompts(rids: Sequence[str], prompts: Sequence[Sequence[int]],
+                          outputs: Sequence[tuple[int, int, bool]]) -> list[SimRequest]:
+    """Requests for real prompts (token ids), each with ``(output length, max_new_tokens, exact)``:
+    the prompts' prefix tree gives the segments -- every node on a prompt's path that another
+    prompt also passes through is a shared segment, named by the node, and the rest of the prompt
+    is its unique tail -- so the simulated radix cache shares exactly the tokens the real one would."""
+    from sgl_blend.core.prefix_tree import PrefixTree
+
+    tree = PrefixTree()
+    for index, prompt in enumerate(prompts):
+        tree.insert(index, prompt, 0.0, 0.0)
+    names: dict[int, str] = {}
+    requests = []
+    for index, (rid, (output_len, max_new_tokens, exact)) in enumerate(zip(rids, outputs)):
+        segments, unique = [], 0
+        for node in tree.path(tree.node_of[index])[1:]:
+            if node.count >= 2:
+                if id(node) not in names:
+                    names[id(node)] = chain_hash(segments[-1][0] if segments else "", str(len(names)))
+                segments.append((names[id(node)], node.edge_len))
+            else:
+                unique += node.edge_len
+        requests.append(SimRequest(rid, "batch", tuple(segments), unique, output_len, max_new_tokens, exact))
+    return requests

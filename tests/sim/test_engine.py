@@ -257,3 +257,53 @@ def test_the_prefill_room_is_the_shared_rule_for_every_policy(chunk: int) -> Non
     finally:
         engine_module._Run._prefill_room = original
     assert seen
+
+
+def test_a_prefill_produces_the_first_token_as_sglang_does() -> None:
+    """A request of one output token finishes with its prefill; one of d tokens decodes d - 1
+    times, each decode reading its context including the token fed in."""
+    one = SimRequest("one", "t", (), 100, 1, 1, True)
+    result = simulate([one], "fcfs", MODEL, HARDWARE, overlap_function("sum"))
+    assert result.iterations == 1 and result.mem_seconds == 0.0
+    five = SimRequest("five", "t", (), 100, 5, 5, True)
+    result = simulate([five], "fcfs", MODEL, HARDWARE, overlap_function("sum"))
+    step = IterationCost.of(COST)
+    assert result.iterations == 5
+    assert result.mem_seconds == pytest.approx(step.memory_side(sum(100 + k for k in range(1, 5))))
+
+
+def test_requests_from_prompts_share_exactly_what_the_prompts_share() -> None:
+    """Segments come from the prompts' prefix tree: the simulated cache saves what a radix cache
+    over the real token ids saves."""
+    from sgl_blend.core.prefix_tree import PrefixTree
+    from sgl_blend.sim.metrics import max_sharing_ratio
+    from sgl_blend.sim.workload import requests_from_prompts
+
+    rng = random.Random(0)
+    stems = [[rng.randrange(1000) for _ in range(rng.randrange(5, 60))] for _ in range(6)]
+    prompts = [rng.choice(stems) + [rng.randrange(1000) for _ in range(rng.randrange(0, 30))] for _ in range(80)]
+    prompts += [list(prompts[3]), prompts[5][:4]]  # an identical prompt, a prompt inside another
+    requests = requests_from_prompts([f"r{i}" for i in range(len(prompts))], prompts, [(3, 3, True)] * len(prompts))
+    assert [request.prompt_len for request in requests] == [len(prompt) for prompt in prompts]
+    tree = PrefixTree()
+    for index, prompt in enumerate(prompts):
+        tree.insert(index, prompt, 0.0, 0.0)
+    assert max_sharing_ratio(requests) == pytest.approx(tree.sharing_ratio())
+    rebuilt = PrefixTree()
+    for index, request in enumerate(requests):
+        rebuilt.insert(index, request.prompt_ids(), 0.0, 0.0)
+    assert rebuilt.root.saved == tree.root.saved
+
+
+def test_a_stock_engine_has_the_limits_the_emulated_server_gets() -> None:
+    from sgl_blend.emulation.devices import resolve_device
+    from sgl_blend.emulation.memory import engine_sizing
+    from sgl_blend.models.llama31 import EMULATION_MODELS
+    from sgl_blend.sim.sizing import stock_engine
+
+    stock = stock_engine("llama-3.1-8b", "h100")
+    sizing = engine_sizing(EMULATION_MODELS["llama-3.1-8b"], resolve_device("h100").memory)
+    assert (stock.config.kv_capacity, stock.config.token_budget, stock.config.max_running) == (
+        sizing.max_total_tokens, sizing.chunked_prefill_size, sizing.max_running_requests)
+    assert stock.hardware == resolve_device("h100").hardware
+    assert stock_engine("llama-3.1-8b", "h100", chunk=512).config.token_budget == 512

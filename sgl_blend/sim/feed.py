@@ -1,0 +1,149 @@
+"""How a job's lines reach the simulated scheduler: as the batch runner behind run-batch and the
+Batch API feeds them (`server.planning`, `server.dispatch`).
+
+- A planned order (``blendserve``, ``dfs`` and their ablations): output-length samples -- a seeded
+  share of the lines whose length is not fixed, when the plan blends -- are sent first; every other
+  line is planned at once over the whole batch (`LinePlanner`, the runner's planner) and sent in
+  the plan's feed order with its `Placement`; once every sample is back, the lines not yet sent
+  are planned again with the samples' lengths, their positions numbered after the first plan's
+  (`RankSpace`), so the scheduler's pool takes what it already holds first.
+- Any other order: file order, no placement (the engine's own policy orders what it holds).
+- A window: at most ``window`` lines sent and not finished (`runner_window`).
+
+Planning takes no device time here: the runner plans in a thread while the engine runs, and on
+the emulated engine its wall time shows up only as idle time before the first line arrives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections import deque
+from typing import Hashable, Iterable, Sequence
+
+from sgl_blend.batch_lines.plan import LinePlanner
+from sgl_blend.core.batch_plan import BatchPlan, plan_batch
+from sgl_blend.core.dp_shares import WorkItem
+from sgl_blend.core.output_length import DEFAULT_FALLBACK, DEFAULT_SAMPLE_RATE
+from sgl_blend.core.placement import MEMORY, SAMPLE, Placement
+from sgl_blend.core.protocol import OfflineRequest
+from sgl_blend.sim.engine import EngineConfig
+from sgl_blend.sim.workload import SimRequest
+
+# The runner's window (server.dispatch): this many lines per request the engine runs at once --
+# the running batch and as many waiting to replace its requests as they finish.
+WINDOW_MULTIPLE = 2
+# The memory side's positions count down from here, far above any compute side's (RankSpace).
+MEMORY_TOP = 2**40
+
+
+def runner_window(requests: Sequence[SimRequest], config: EngineConfig, kv_capacity: int) -> int:
+    """Lines in flight: `WINDOW_MULTIPLE` times the requests that run at once -- the KV pool over
+    the lines' mean footprint (prompt plus half the output bound), capped by the running limit."""
+    if not requests:
+        return 1
+    footprint = sum(r.prompt_len + r.max_new_tokens / 2.0 for r in requests) / len(requests)
+    concurrent = max(1, min(int(kv_capacity / footprint) if footprint else config.max_running, config.max_running))
+    return WINDOW_MULTIPLE * concurrent
+
+
+class RankSpace:
+    """Positions for successive plans of one job in one rank space: each plan's compute side is
+    numbered after every earlier compute side, its memory side below every earlier memory side."""
+
+    def __init__(self) -> None:
+        self.next_compute = 0
+        self.next_memory = MEMORY_TOP
+
+    def take_compute(self) -> int:
+        self.next_compute += 1
+        return self.next_compute - 1
+
+    def place(self, plan: BatchPlan) -> dict[Hashable, Placement]:
+        memory = [key for key, placement in plan.placements.items() if placement.side == MEMORY]
+        top = max((plan.placements[key].position for key in memory), default=0)
+        placed = {}
+        for key, placement in plan.placements.items():
+            if placement.side == MEMORY:
+                position = self.next_memory - (top - placement.position)
+            else:
+                position = self.next_compute + placement.position
+            placed[key] = dataclasses.replace(placement, position=position)
+        self.next_compute += len(plan.placements) - len(memory)
+        self.next_memory -= len(memory)
+        return placed
+
+
+class RunnerFeed:
+    """The batch runner's feed of ``requests`` (in file order) through a ``window``; ``planner``
+    None sends in file order. ``seed`` picks the output-length samples."""
+
+    def __init__(self, requests: Sequence[SimRequest], planner: LinePlanner | None, window: int, seed: int = 0) -> None:
+        if window < 1:
+            raise ValueError("the window must hold at least one line")
+        self.planner = planner
+        self.window = window
+        self.items = {index: WorkItem(index, r.prompt_ids(), r.max_new_tokens, r.exact)
+                      for index, r in enumerate(requests)} if planner is not None else {}
+        self.requests = requests
+        self.index = {request.rid: index for index, request in enumerate(requests)}
+        self.placements: dict[Hashable, Placement] = {}
+        self.ranks = RankSpace()
+        self.samples: set[int] = set()
+        self.observed: dict[Hashable, tuple[WorkItem, int]] = {}
+        self.inflight = 0
+        self.plans = 0
+        if planner is None:
+            self.queue = deque(range(len(requests)))
+            return
+        self.samples = {index for index in self.items if self._is_sample(index, seed)}
+        for index in sorted(self.samples):
+            request = requests[index]
+            self.placements[index] = Placement(SAMPLE, self.ranks.take_compute(), 1.0,
+                                               min(request.max_new_tokens, DEFAULT_FALLBACK))
+        self.queue = deque(sorted(self.samples))
+        self._plan([index for index in range(len(requests)) if index not in self.samples])
+
+    def _is_sample(self, index: int, seed: int) -> bool:
+        """A seeded share of the lines whose output length the plan must estimate, when it blends."""
+        if self.requests[index].exact or not self.planner.blend:
+            return False
+        digest = hashlib.blake2b(f"{seed}/{self.requests[index].rid}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") / 2**64 < DEFAULT_SAMPLE_RATE
+
+    def _plan(self, unsent: list[int]) -> None:
+        """Plan the unsent lines and queue them in the plan's order behind the lines still queued
+        that the plan does not cover (samples)."""
+        if not unsent:
+            return
+        plan = plan_batch([self.items[index] for index in unsent], self.planner.cost_model, blend=self.planner.blend,
+                          observed=self.observed or None, sample_rate=0.0)
+        self.placements.update(self.ranks.place(plan))
+        covered = set(unsent)
+        self.queue = deque([index for index in self.queue if index not in covered] + list(plan.feed))
+        self.plans += 1
+
+    def _send(self) -> list[OfflineRequest]:
+        sent = []
+        while self.queue and self.inflight < self.window:
+            index = self.queue.popleft()
+            request = self.requests[index]
+            sent.append(OfflineRequest(request.rid, request.prompt_ids(), request.max_new_tokens, request.exact,
+                                       self.placements.get(index)))
+            self.inflight += 1
+        return sent
+
+    def start(self) -> Iterable[OfflineRequest]:
+        return self._send()
+
+    def finished(self, rid: str, output_len: int) -> Iterable[OfflineRequest]:
+        """A line is back: its slot in the window is free; a sample's length is observed, and once
+        every sample is back the unsent lines are planned again with their lengths."""
+        self.inflight -= 1
+        index = self.index[rid]
+        if index in self.samples:
+            self.samples.discard(index)
+            self.observed[index] = (self.items[index], output_len)
+            if not self.samples:
+                self._plan(list(self.queue))
+        return self._send()
