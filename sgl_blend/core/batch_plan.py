@@ -23,7 +23,7 @@ from sgl_blend.core.cost_model import CostModel, SharingPrice, memory_partition,
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
 from sgl_blend.core.placement import COMPUTE, MEMORY, SAMPLE, Placement
-from sgl_blend.core.planner import Planner
+from sgl_blend.core.planner import Plan, Planner
 from sgl_blend.core.prefix_tree import PrefixTree
 
 NEVER = 1e300  # the admission gap of a side with no memory share: fed after everything else
@@ -32,12 +32,14 @@ NEVER = 1e300  # the admission gap of a side with no memory share: fed after eve
 @dataclass
 class BatchPlan:
     """``feed``: every key in the order to send it (samples first); ``placements``: each key's
-    place; ``memory_share``: the fraction of KV the memory side is planned to hold."""
+    place; ``memory_share``: the fraction of KV the memory side is planned to hold; ``order``: the
+    planner's account of its sort and split (None where the plan does not blend)."""
 
     feed: list[Hashable]
     placements: dict[Hashable, Placement]
     samples: list[Hashable] = field(default_factory=list)
     memory_share: float = 0.0
+    order: Plan | None = None
 
     @property
     def blended(self) -> bool:
@@ -70,22 +72,24 @@ def plan_batch(items: Sequence[WorkItem], cost_model: CostModel, *, blend: bool,
         return index < len(items) and index not in sampled
 
     price = cost_model.sharing_price()
-    if blend:
-        plan = Planner(tree, price, include).plan()
+    plan = Planner(tree, price, include).plan() if blend else None
+    if plan is not None:
         order, boundary, reuse = plan.order, plan.boundary, plan.reuse
     else:
         order = [index for index in tree.dfs_order() if include(index)]
         boundary, reuse = len(order), {}
     placements: dict[Hashable, Placement] = {}
     for position, index in enumerate(samples):
-        placements[keys[index]] = _placement(tree, estimator, price, index, 0, SAMPLE, position)
-    for position, index in enumerate(order, start=len(samples)):
-        side = COMPUTE if position - len(samples) < boundary else MEMORY
-        placements[keys[index]] = _placement(tree, estimator, price, index, reuse.get(index, 0), side, position)
+        placements[keys[index]] = _placement(tree, estimator, price, index, 0, SAMPLE, position, None)
+    for rank, index in enumerate(order):
+        # the compute side is scanned from its start, the memory side from its end
+        side, after = (COMPUTE, boundary - 1 - rank) if rank < boundary else (MEMORY, rank - boundary)
+        placements[keys[index]] = _placement(tree, estimator, price, index, reuse.get(index, 0), side,
+                                             len(samples) + rank, after)
     left, right = order[:boundary], order[boundary:]
     share = _memory_share(tree, price, reuse, left, right)
     feed = [keys[index] for index in samples + _interleave(tree, cost_model, estimator, left, right[::-1], share)]
-    return BatchPlan(feed, placements, [keys[index] for index in samples], share)
+    return BatchPlan(feed, placements, [keys[index] for index in samples], share, plan)
 
 
 def _insert(tree: PrefixTree, cost_model: CostModel, index: int, item: WorkItem, output: int,
@@ -99,10 +103,11 @@ def _insert(tree: PrefixTree, cost_model: CostModel, index: int, item: WorkItem,
 
 
 def _placement(tree: PrefixTree, estimator: OutputLengthEstimator, price: SharingPrice, index: int, reuse: int,
-               side: str, position: int) -> Placement:
+               side: str, position: int, after: int | None) -> Placement:
     """The request's place; its density counts the prefix it reuses from the request before it."""
     comp, mem = tree.cost(index)
-    return Placement(side, position, shared_density(comp, mem, price.prefix_saving(reuse)), estimator.estimate(index))
+    return Placement(side, position, shared_density(comp, mem, price.prefix_saving(reuse)), estimator.estimate(index),
+                     after)
 
 
 def _memory_share(tree: PrefixTree, price: SharingPrice, reuse: Mapping[int, int], left: list[int],

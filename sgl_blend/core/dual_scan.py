@@ -69,17 +69,24 @@ class _Running:
 class DualScanner:
     """Scans one plan. Loads come from a callback so estimates can change between plans.
 
+    ``beyond`` counts, per side, the requests of a plan made outside the engine that are still to
+    come: the scheduler holds only a window of that plan, and a partition of the work in the
+    window alone would serve whichever side the window happens to hold most of. Those requests are
+    taken to be like the side's pending ones, so a side's work left is its pending work scaled to
+    its whole remaining count (`Placement.after` of its front request says how many follow it).
+
     ``paced`` turns on per-side credit (`advance` pays it out) and the memory side's growth
     check; without it a side admits whenever its share has room, which is how the single-cursor
     policies use the scanner.
     """
 
     def __init__(self, order: list[int], boundary: int, capacity: float, load: Callable[[int], Load],
-                 *, paced: bool = False) -> None:
+                 *, paced: bool = False, beyond: dict[str, int] | None = None) -> None:
         self.order = order
         self.boundary = boundary
         self.capacity = capacity
         self.paced = paced
+        self.beyond = beyond or {}
         self._load = load
         self._version = 0
         self._reports = 0
@@ -132,9 +139,12 @@ class DualScanner:
     # -- the partition (Alg. 3, steps 1-3) ------------------------------------------------------
 
     def _work(self, side: str) -> tuple[float, float, float]:
-        """(compute, memory, KV-token-iterations) a side has left: pending plus running."""
+        """(compute, memory, KV-token-iterations) a side has left: pending -- with the requests
+        still to come (`beyond`), at the pending ones' mean -- plus running."""
         pending, running = self._remaining[side], self._left_running[side]
-        return pending.comp + running[0], pending.mem + running[1], pending.kv_steps + running[2]
+        scale = 1.0 + self.beyond.get(side, 0) / pending.count if pending.count > 0 else 1.0
+        return (pending.comp * scale + running[0], pending.mem * scale + running[1],
+                pending.kv_steps * scale + running[2])
 
     def _changed(self) -> None:
         self._version += 1
@@ -168,7 +178,8 @@ class DualScanner:
         through it and leaving the tail to run alone. A side with no work left cedes its share."""
         total = self.capacity * (PLANNED_UTILISATION if self.paced else 1.0)
         work = {side: tuple(max(amount, 0.0) for amount in self._work(side)) for side in SIDES}
-        active = {side: self._has_pending(side) or (self.paced and self._running_on(side)) for side in SIDES}
+        active = {side: self._has_pending(side) or self.beyond.get(side, 0) > 0 or (self.paced and self._running_on(side))
+                  for side in SIDES}
         for side, other in ((COMPUTE, MEMORY), (MEMORY, COMPUTE)):
             if not active[other] or min(work[other][1:]) <= 0:
                 return {side: total, other: 0.0}

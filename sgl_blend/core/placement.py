@@ -23,21 +23,28 @@ class Placement:
     """``side``: the scan side (or the output-length sample run first); ``position``: the
     request's index in the global plan order (a memory side is scanned from its highest position
     down); ``density``: compute over memory time planned for it; ``output``: the output length
-    the plan assumed."""
+    the plan assumed; ``after``: how many requests of its side the plan scans after it (None for a
+    sample). The scheduler holds only a window of the plan; from the front request of each side
+    it knows how much of that side is still to come, which its memory partition needs."""
 
     side: str
     position: int
     density: float
     output: int
+    after: int | None = None
 
     def encode(self) -> str:
-        return f"{_CODES[self.side]}{self.position}:{self.density:.4g}:{self.output}"
+        text = f"{_CODES[self.side]}{self.position}:{self.density:.4g}:{self.output}"
+        return text if self.after is None else f"{text}:{self.after}"
 
     @classmethod
     def decode(cls, text: str) -> Placement | None:
         """The placement ``encode`` wrote, or None for anything else (a client's own key)."""
         try:
-            head, density, output = text.split(":")
-            return cls(_SIDES[head[0]], int(head[1:]), float(density), int(output))
+            head, density, output, *after = text.split(":")
+            if len(after) > 1:
+                return None
+            return cls(_SIDES[head[0]], int(head[1:]), float(density), int(output),
+                       int(after[0]) if after else None)
         except (KeyError, ValueError, IndexError):
             return None

@@ -95,7 +95,7 @@ class Planner:
 
     def _plan(self) -> Plan:
         self._index()
-        if not self._own_total:
+        if not self._node_of:
             return Plan([], 0, 0.0, 0, 1.0, monotone=True)
         self._aggregate()
         saved = float(self._ptok[ROOT] - self._utok[ROOT])
@@ -146,7 +146,6 @@ class Planner:
         # them end at the node, so their prompts are its depth)
         sums = np.array([own_count, own_comp, own_mem, own_count * prompt, own_count * prompt ** 2 / 2.0])
         self._parent, self._children, self._own, self._node_of = np.array(parent), children, own, node_of
-        self._own_total = len(node_of)
         self._depth = depth
         self._entry = prompt[self._parent] * (np.arange(size) != ROOT)
         self._edge_tok = prompt - self._entry

@@ -146,13 +146,27 @@ class PlannedPolicy(ABC):
         plan = self._with_placed(plan, [index for index in self._pending
                                         if index in self._placement and index not in sampling])
         self._reuse = plan.reuse
-        scanner = DualScanner(plan.order, plan.boundary, self.capacity, self.load, paced=self.paces_prefill)
+        scanner = DualScanner(plan.order, plan.boundary, self.capacity, self.load, paced=self.paces_prefill,
+                              beyond=self._beyond(plan))
         if self.scanner is not None:
             scanner.carry_over(self.scanner)
         self.scanner = scanner
         self.last_plan = plan
         self.plans += 1
         self._unplanned.clear()
+
+    def _beyond(self, plan: Plan) -> dict[str, int]:
+        """Per side, the placed requests of the global plan not yet here: the front request of
+        the side (first to scan) knows how many of its side follow it, and those held here are
+        not beyond."""
+        beyond = {}
+        for side, front in ((COMPUTE, min), (MEMORY, max)):
+            held = [index for index in plan.order if (placement := self._placement.get(index)) is not None
+                    and placement.after is not None and (placement.side == MEMORY) == (side == MEMORY)]
+            if held:
+                first = front(held, key=lambda index: self._placement[index].position)
+                beyond[side] = max(self._placement[first].after + 1 - len(held), 0)
+        return beyond
 
     def _with_placed(self, plan: Plan, placed: list[int]) -> Plan:
         """The plan with the placed requests around it: their compute side first, by position,

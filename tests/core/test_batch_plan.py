@@ -47,6 +47,14 @@ def test_blended_plan_feeds_samples_first_then_both_ends_in_order() -> None:
     assert max(compute) < min(memory), "the compute side is the left of the order"
     first_half = sides[len(plan.samples):len(plan.samples) + 60]
     assert COMPUTE in first_half and MEMORY in first_half, "both ends are fed from the start"
+    for side, later in ((COMPUTE, lambda a, b: b > a), (MEMORY, lambda a, b: b < a)):
+        positions = [plan.placements[key].position for key in plan.feed if plan.placements[key].side == side]
+        for key in plan.feed:
+            placement = plan.placements[key]
+            if placement.side == side:
+                assert placement.after == sum(later(placement.position, other) for other in positions), \
+                    "each request knows how many of its side the plan scans after it"
+    assert all(plan.placements[key].after is None for key in plan.samples)
 
 
 def test_unblended_plan_is_one_cursor_dfs_without_samples() -> None:
@@ -148,9 +156,26 @@ def test_a_recorded_run_replays_to_the_same_decisions_and_another_policy_does_no
 
 
 def test_placement_travels_in_the_routing_key() -> None:
-    placement = Placement(MEMORY, 4711, 0.8312, 900)
+    placement = Placement(MEMORY, 4711, 0.8312, 900, 52)
     key = offline_routing_key("batch_abc", placement)
-    assert placement_of(key) == Placement(MEMORY, 4711, 0.8312, 900)
+    assert placement_of(key) == Placement(MEMORY, 4711, 0.8312, 900, 52)
+    assert placement_of(offline_routing_key("batch_abc", Placement(SAMPLE, 3, 1.0, 128))) == Placement(SAMPLE, 3, 1.0, 128)
+    assert placement_of("sgl-blend-offline:job@m4711:0.8312:900") == Placement(MEMORY, 4711, 0.8312, 900), \
+        "a key written before placements counted what follows them still reads"
     assert placement_of(offline_routing_key("batch_abc")) is None
     assert placement_of("sgl-blend-offline:job@junk") is None
     assert placement_of("someone-else@c1:1:1") is None
+
+
+def test_a_window_of_a_plan_knows_how_much_of_each_side_is_still_to_come() -> None:
+    items = [item for item in evaluation_items() if item.exact_output_len]
+    plan = plan_batch(items, CostModel(MODEL, GPU), blend=True)
+    window = [plan.feed[index] for index in range(40)]
+    by_key = {item.key: item for item in items}
+    policy = make_policy("blendserve", MODEL, GPU)
+    policy.set_kv_capacity(40_000)
+    policy.submit(placed_requests(plan, [by_key[key] for key in window]))
+    policy.propose(40_000, 1)
+    sides = {side: [key for key in plan.feed if plan.placements[key].side == side] for side in (COMPUTE, MEMORY)}
+    held = {side: [key for key in window if plan.placements[key].side == side] for side in (COMPUTE, MEMORY)}
+    assert policy.scanner.beyond == {side: len(sides[side]) - len(held[side]) for side in (COMPUTE, MEMORY)}

@@ -201,3 +201,19 @@ def test_paced_shares_leave_headroom_and_an_idle_engine_may_always_start() -> No
     assert sum(scanner.budgets().values()) == pytest.approx(8000.0 * PLANNED_UTILISATION)
     scanner.credit = {COMPUTE: -1.0, MEMORY: -1.0}
     assert len(scanner.propose(free=1e9, limit=10)) == 1
+
+
+def test_a_window_partitions_by_the_whole_plan_still_to_come() -> None:
+    """A scheduler holding two requests of each side of a plan whose memory side has 38 more to
+    come partitions as for 2 + 40: the window's own composition does not decide the blend."""
+    loads = {request: load(3.0, 1.0) for request in range(2)}
+    loads.update({request: load(0.1, 1.0) for request in range(2, 4)})
+    order = [0, 1, 3, 2]
+    window = DualScanner(order, 2, 1000.0, loads.__getitem__, beyond={MEMORY: 38})
+    left, right = memory_partition(1000.0, (6.0 + 4.0) / 42.0, 3.0, 0.1)
+    assert window.budgets()[COMPUTE] == pytest.approx(left)
+    assert window.budgets()[MEMORY] == pytest.approx(right)
+    assert window.budgets()[MEMORY] > DualScanner(order, 2, 1000.0, loads.__getitem__).budgets()[MEMORY]
+    only_compute_here = DualScanner([0, 1], 2, 1000.0, loads.__getitem__, beyond={MEMORY: 5})
+    assert only_compute_here.budgets() == {COMPUTE: 1000.0, MEMORY: 0.0}, \
+        "with nothing of the memory side held yet, nothing stands for its requests to come"
