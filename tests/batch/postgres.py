@@ -33,9 +33,10 @@ class PostgresServer:
 
     def restart_immediate(self) -> None:
         """``pg_ctl restart -m immediate``: every backend killed at once, no checkpoint, then
-        recovery from the WAL -- as after a crash of the database server."""
-        subprocess.run([self.executor.executable, "restart", "-D", self.executor.datadir, "-m", "immediate", "-w"],
-                       check=True, capture_output=True)
+        recovery from the WAL -- as after a crash of the database server. The new server writes to
+        the log file (its output on a pipe would keep `subprocess.run` waiting for the pipe to close)."""
+        subprocess.run([self.executor.executable, "restart", "-D", self.executor.datadir, "-m", "immediate", "-w",
+                        "-l", self.executor.logfile], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:
         self.executor.stop()

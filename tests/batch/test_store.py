@@ -5,19 +5,26 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import sqlite3
+import threading
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from sqlalchemy import func, select, text, update
 
 from sgl_blend.server.assignment import Slot
 from sgl_blend.server.db import SQLITE_FILE, StoreInUse
 from sgl_blend.server.ids import new_batch_id, new_file_id
 from sgl_blend.server.prepared import PreparedBatch
-from sgl_blend.server.store import AlreadyCommitted, BatchCommit, BatchRow, BatchStore, Conflict, FileRow, LeaseLost
+from sgl_blend.server.store import (AlreadyCommitted, BatchCommit, BatchRow, BatchStore, Conflict, FileRow, LeaseLost,
+                                    key_owner)
+from sgl_blend.server.store_lines import fence
+from sgl_blend.server.store_schema import MIGRATIONS, batches, schema_version
 from sgl_blend.server.validation import CHUNK_LINES, FileRejected, LineLimits, index_batch
 from tests.batch.postgres import new_database
 from tests.batch.helpers import chat_line, jsonl
+from tests.waiting import wait_for
 
 _database_numbers = itertools.count()
 
@@ -222,8 +229,6 @@ def test_one_sqlite_store_per_data_directory(tmp_path: Path) -> None:
 
 def test_a_store_from_before_dp_ranks_gets_the_column(tmp_path: Path) -> None:
     """A data directory made by the first Batch API release: its lines table has no dp_rank."""
-    import sqlite3
-
     with sqlite3.connect(tmp_path / SQLITE_FILE) as old:
         old.execute("CREATE TABLE batch_lines (batch_id TEXT NOT NULL, line_number BIGINT NOT NULL, custom_id TEXT,"
                     " byte_offset BIGINT NOT NULL, byte_length BIGINT NOT NULL, state TEXT NOT NULL, error_code TEXT,"
@@ -233,5 +238,101 @@ def test_a_store_from_before_dp_ranks_gets_the_column(tmp_path: Path) -> None:
     try:
         assert [(line.worker, line.dp_rank) for line in store.pending_lines("b", slot=Slot("http://w"))] \
             == [("http://w", None)]
+    finally:
+        store.close()
+
+
+def test_a_store_from_before_versioning_is_migrated_once(tmp_path: Path) -> None:
+    """A data directory made just before the version table: every line column, no creators. It is
+    brought to the newest version, which is recorded, and a second open runs no step again."""
+    with sqlite3.connect(tmp_path / SQLITE_FILE) as old:
+        old.execute("CREATE TABLE files (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+                    " purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes BIGINT NOT NULL, created_at BIGINT NOT NULL,"
+                    " expires_at BIGINT)")
+        old.execute("CREATE TABLE batch_lines (batch_id TEXT NOT NULL, line_number BIGINT NOT NULL, custom_id TEXT,"
+                    " byte_offset BIGINT NOT NULL, byte_length BIGINT NOT NULL, state TEXT NOT NULL, error_code TEXT,"
+                    " error_message TEXT, worker TEXT, dp_rank BIGINT, plan_rank BIGINT, placement TEXT,"
+                    " PRIMARY KEY (batch_id, line_number))")
+        old.execute("INSERT INTO files (id, purpose, filename, bytes, created_at) VALUES ('file-old', 'batch', 'a', 1, 5)")
+    for _ in range(2):
+        store = BatchStore.open("", tmp_path)
+        try:
+            with store.db.read() as connection:
+                assert connection.execute(select(schema_version.c.version)).scalars().all() == [len(MIGRATIONS)]
+                indexes = {row[0] for row in connection.exec_driver_sql(
+                    "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'batch_lines'")}
+            assert {"batch_lines_todo", "batch_lines_plan"} <= indexes
+            assert store.get_file("file-old").created_by is None
+        finally:
+            store.close()
+
+
+def test_plan_ordered_feeds_read_an_index(tmp_path: Path) -> None:
+    """A slot's feed in plan order is one index range, not a sort of every pending line."""
+    store = BatchStore.open("", tmp_path)
+    try:
+        query = ("SELECT * FROM batch_lines WHERE batch_id = 'b' AND state = 'pending' AND plan_rank > 3"
+                 " AND dp_rank IS NULL AND worker = 'w' ORDER BY plan_rank, line_number LIMIT 10")
+        with store.db.read() as connection:
+            plan = " ".join(row[-1] for row in connection.exec_driver_sql("EXPLAIN QUERY PLAN " + query))
+        assert "batch_lines_plan" in plan and "TEMP B-TREE" not in plan, plan
+    finally:
+        store.close()
+
+
+def test_files_and_batches_belong_to_their_creator(store: BatchStore, tmp_path: Path) -> None:
+    alice, bob = key_owner("sk-alice"), key_owner("sk-bob")
+    assert alice.startswith("key-sha256:") and "sk-alice" not in alice and alice == key_owner("sk-alice")
+    mine, theirs = a_file(), a_file()
+    store.add_file(mine, owner=alice)
+    store.add_file(theirs, owner=bob)
+    assert store.get_file(mine.id, owner=alice).created_by == alice
+    assert store.get_file(mine.id, owner=bob) is None and store.get_file(mine.id) is not None
+    assert [row.id for row in store.list_files(after=None, limit=10, owner=alice)[0]] == [mine.id]
+    assert len(store.list_files(after=None, limit=10)[0]) == 2
+    with pytest.raises(KeyError):  # another owner's id is no cursor either
+        store.list_files(after=theirs.id, limit=10, owner=alice)
+    assert store.delete_file(theirs.id, owner=alice) is None and store.get_file(theirs.id) is not None
+
+    batch = a_batch(mine.id)
+    store.add_batch(batch, owner=alice)
+    assert store.get_batch(batch.id, owner=bob) is None
+    assert store.list_batches(after=None, limit=10, owner=bob) == ([], False)
+    assert store.request_cancel(batch.id, now=1100, owner=bob) is None
+    assert store.get_batch(batch.id).status == "validating"
+    assert store.request_cancel(batch.id, now=1100, owner=alice).status == "cancelling"
+    store.claim_batches("runner-a", now=1000.0, lease_s=30)
+    output = FileRow(batch.output_blob, "batch_output", "out.jsonl", 10, 1104)
+    assert store.finish(batch.id, "runner-a", "cancelled", 1104, output, None)
+    assert store.get_file(output.id, owner=alice) == dataclasses.replace(output, created_by=alice)
+    assert store.get_file(output.id, owner=bob) is None
+
+
+def test_a_claim_waits_for_a_fenced_write_and_the_fenced_runner_then_loses(request: pytest.FixtureRequest,
+                                                                         tmp_path: Path) -> None:
+    """PostgreSQL: a coordinator past its lease that already passed the fence keeps the batch's row
+    locked until it commits, so a runner taking over waits for that commit and sees it; after the
+    take-over, the old coordinator's next write raises `LeaseLost`."""
+    store = BatchStore.open(new_database(request.getfixturevalue("postgres_url"), "fence_lock"), tmp_path)
+    try:
+        batch = started(store, tmp_path, [chat_line("x"), chat_line("y")])
+        claimed: list = []
+        with store.db.transaction() as connection:
+            fence(connection, batch.id, "runner-a")
+            taker = threading.Thread(target=lambda: claimed.extend(
+                store.claim_batches("runner-b", now=batch.lease_until + 1, lease_s=30)))
+            taker.start()
+            with store.db.read() as observer:
+                waiting = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                # PostgreSQL snapshots its activity view per transaction: each poll commits to look again.
+                wait_for(lambda: observer.execute(waiting).scalar() or observer.commit(), "the claim to wait on the lock")
+            connection.execute(update(batches).where(batches.c.id == batch.id).values(output_bytes=42))
+        taker.join()
+        assert [(row.owner, row.output_bytes) for row in claimed] == [("runner-b", 42)]
+        with pytest.raises(LeaseLost):
+            store.commit_results("runner-a", BatchCommit(batch.id, completed_lines=[1], output_bytes=99))
+        with store.db.read() as connection:
+            assert connection.execute(select(func.count()).select_from(batches)
+                                      .where(batches.c.output_bytes == 42)).scalar() == 1
     finally:
         store.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 import uuid
 from contextlib import contextmanager
@@ -43,10 +44,27 @@ def new_batch(store_url: str, data_dir: Path, lines: int = 12, max_tokens: int =
     return batch_id, [line["custom_id"] for line in content]
 
 
-def run_to_the_end(config: RunnerConfig) -> None:
+@contextmanager
+def running(config: RunnerConfig) -> Iterator[multiprocessing.Process]:
+    """A runner process, killed on the way out if it is still there (a test that failed midway)."""
     process = start_runner(config)
+    try:
+        yield process
+    finally:
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def finished(process: multiprocessing.Process, config: RunnerConfig) -> None:
+    """Wait for a runner to finish every batch of its store, and say where its log is if it did not."""
     process.join(RUNNER_LIMIT_S)
-    assert process.exitcode == 0, f"the runner ended with {process.exitcode}; its log: {config.log_path}"
+    assert process.exitcode == 0, f"{config.owner} ended with {process.exitcode}; its log: {config.log_path}"
+
+
+def run_to_the_end(config: RunnerConfig) -> None:
+    with running(config) as process:
+        finished(process, config)
 
 
 def all_violations(store_url: str, data_dir: Path, batches: dict[str, list[str]]) -> list[str]:
