@@ -1,97 +1,55 @@
 """The batches a runner coordinates, and where each one is in its life.
 
-A batch the runner holds is validated (its lines parsed, prepared and, when needed, tokenised),
-then assigned (its lines spread over the worker slots), then planned (ranked in the global plan,
-when the runner plans), then dispatched, and finally closed (finished, cancelled or expired).
-`ActiveBatch` holds one batch's state through that life and `ActiveBatches` all of them; the
-planner, the dispatcher and the runner ask them, never each other's insides.
+A batch the runner holds is validated (its lines parsed, prepared and, when needed, tokenised,
+a chunk at a time), and each chunk's lines are handed to the feed at once, so they run while the
+rest is still being read; it is finished once every line has its result, and closed early when it
+is cancelled or expires. `ActiveBatch` holds one batch's state through that life and
+`ActiveBatches` all of them; the feed, the dispatcher and the runner ask them, never each other's
+insides.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.server.prepared import PreparedBatch
 from sgl_blend.server.store import BatchRow, LineRow
-
-if TYPE_CHECKING:
-    from sgl_blend.server.assignment import Slot
-
-
-@dataclass
-class Feed:
-    """A batch's unfinished lines for one slot, fetched from the store a chunk at a time."""
-
-    after_line: int = 0
-    after_rank: int = -2  # plan ranks start at -1 (lines that fail without running)
-    buffer: deque[LineRow] = field(default_factory=deque)
-    retry: deque[LineRow] = field(default_factory=deque)
-    exhausted: bool = False
-
-    def next(self) -> LineRow | None:
-        if self.retry:
-            return self.retry.popleft()
-        return self.buffer.popleft() if self.buffer else None
-
-    def peek(self) -> LineRow | None:
-        if self.retry:
-            return self.retry[0]
-        return self.buffer[0] if self.buffer else None
-
-    @property
-    def empty(self) -> bool:
-        return self.exhausted and not self.buffer and not self.retry
 
 
 @dataclass
 class ActiveBatch:
+    """``lines``: the batch's runnable lines handed to the feed that have no result yet, by line
+    number; ``inflight``: the tasks sending some of them; ``requests``: (worker, SGLang request id)
+    of each line being sent; ``task``: the lifecycle step under way; ``validation``: the reading of
+    its input, which runs beside the steps (a batch being read may be cancelled); ``taken_up``: its
+    lines are in the feed (it is being validated, or was validated before)."""
+
     row: BatchRow
     prepared: PreparedBatch
-    # one per slot the batch's lines are assigned to; empty until the batch is assigned
-    feeds: dict[Slot, Feed] = field(default_factory=dict)
+    lines: dict[int, LineRow] = field(default_factory=dict)
     inflight: dict[int, asyncio.Task] = field(default_factory=dict)
-    # line number -> (worker, SGLang request id) of each line being sent
     requests: dict[int, tuple[str, str]] = field(default_factory=dict)
     task: asyncio.Task | None = None
+    validation: asyncio.Task | None = None
     closing: bool = False
-    planned: bool = False
-    _prompts: dict[int, WorkItem] | None = None
+    taken_up: bool = False
 
     @property
     def id(self) -> str:
         return self.row.id
 
     @property
-    def assigned(self) -> bool:
-        return bool(self.feeds)
-
-    @property
-    def settling(self) -> bool:
-        """Still being validated or spread over the slots: a plan made now would miss it."""
-        return self.row.status == "validating" or (self.row.status == "in_progress" and not self.assigned)
-
-    @property
-    def plannable(self) -> bool:
-        return self.row.status == "in_progress" and self.assigned and not self.closing
+    def validating(self) -> bool:
+        return self.row.status == "validating"
 
     @property
     def dispatching(self) -> bool:
-        return self.plannable and self.planned
+        return self.taken_up and not self.closing and self.row.status in ("validating", "in_progress")
 
-    async def prompts(self) -> dict[int, WorkItem]:
-        """Every tokenised line's prompt, read from the prepared folder once (off the event loop)."""
-        if self._prompts is None:
-            self._prompts = await asyncio.to_thread(self.prepared.prompts)
-        return self._prompts
-
-    def reread(self) -> None:
-        """Forget what the feeds buffered and read each slot's unfinished lines from the store again
-        (lines in flight are skipped as they are read)."""
-        self.feeds = {slot: Feed() for slot in self.feeds}
+    def result_in(self, line_number: int) -> None:
+        self.lines.pop(line_number, None)
 
 
 class ActiveBatches:
@@ -118,15 +76,11 @@ class ActiveBatches:
     def pop(self, batch_id: str) -> ActiveBatch:
         return self._by_id.pop(batch_id)
 
-    def settling(self) -> bool:
-        return any(batch.settling for batch in self._by_id.values())
-
-    def plannable(self) -> list[ActiveBatch]:
-        return [batch for batch in self._by_id.values() if batch.plannable]
-
-    def dispatching(self) -> list[ActiveBatch]:
-        return [batch for batch in self._by_id.values() if batch.dispatching]
+    def validating(self) -> bool:
+        """Whether any batch is still being validated (its lines are not all known yet)."""
+        return any(batch.validating and not batch.closing for batch in self._by_id.values())
 
     def tasks(self) -> list[asyncio.Task]:
         """Every task of every batch: lines in flight and lifecycle steps."""
-        return [task for batch in self._by_id.values() for task in (*batch.inflight.values(), batch.task) if task]
+        return [task for batch in self._by_id.values()
+                for task in (*batch.inflight.values(), batch.task, batch.validation) if task]

@@ -4,8 +4,8 @@ The runner assigns a batch's unfinished lines whenever it takes the batch up, an
 worker dies, so whatever is left is spread over the workers alive at that moment. A worker server
 started with ``--dp-size N`` offers N slots, one per DP rank; a line assigned to a rank is sent
 with SGLang's ``routed_dp_rank`` so that SGLang's own DP controller puts it there. An `Assigner`
-sees each unfinished line's index row and the prompts validation tokenised (line number ->
-`WorkItem`; empty when nothing was tokenised), so it may spread a batch by its prompts' shared
+sees the line numbers to place and the prompts validation tokenised (line number -> `WorkItem`;
+empty when nothing was tokenised), so it may spread a batch by its prompts' shared
 prefixes as well as by count; it returns each slot's lines.
 """
 
@@ -16,7 +16,6 @@ from typing import Callable, Mapping, Sequence
 
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.core.dp_shares import WorkItem, plan_shares
-from sgl_blend.server.store import LineRow
 
 
 @dataclass(frozen=True, order=True)
@@ -33,14 +32,14 @@ def worker_slots(worker: str, dp_size: int) -> list[Slot]:
 
 
 Assignment = dict[Slot, list[int]]
-Assigner = Callable[[Sequence[LineRow], Sequence[Slot], Mapping[int, WorkItem]], Assignment]
+Assigner = Callable[[Sequence[int], Sequence[Slot], Mapping[int, WorkItem]], Assignment]
 
 
-def split_evenly(lines: Sequence[LineRow], slots: Sequence[Slot],
+def split_evenly(lines: Sequence[int], slots: Sequence[Slot],
                  prompts: Mapping[int, WorkItem] | None = None) -> Assignment:
-    """Contiguous runs of the lines in file order, of near-equal size, one per slot, so that
-    neighbouring lines (which often share a prompt prefix) stay together."""
-    numbers = sorted(line.line_number for line in lines)
+    """Contiguous runs of the lines (by line number) in file order, of near-equal size, one per
+    slot, so that neighbouring lines (which often share a prompt prefix) stay together."""
+    numbers = sorted(lines)
     assignment: Assignment = {}
     for index, slot in enumerate(slots):
         start, end = len(numbers) * index // len(slots), len(numbers) * (index + 1) // len(slots)
@@ -57,12 +56,11 @@ class PrefixAssigner:
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
 
-    def __call__(self, lines: Sequence[LineRow], slots: Sequence[Slot],
-                 prompts: Mapping[int, WorkItem]) -> Assignment:
+    def __call__(self, lines: Sequence[int], slots: Sequence[Slot], prompts: Mapping[int, WorkItem]) -> Assignment:
         if len(slots) <= 1:
             return split_evenly(lines, slots)
-        placed = [prompts[line.line_number] for line in lines if line.line_number in prompts]
-        rest = [line for line in lines if line.line_number not in prompts]
+        placed = [prompts[number] for number in lines if number in prompts]
+        rest = [number for number in lines if number not in prompts]
         shares = plan_shares(placed, len(slots), self.cost_model).shares
         assignment: Assignment = {slot: share for slot, share in zip(slots, shares) if share}
         for slot, numbers in split_evenly(rest, slots).items():

@@ -18,7 +18,6 @@ DATA_DIR_ENV = "SGLBLEND_DATA_DIR"
 # OpenAI's own limits for a batch input file.
 DEFAULT_MAX_FILE_LINES = 50_000
 DEFAULT_MAX_FILE_BYTES = 200 * 1024 * 1024
-DEFAULT_MAX_INFLIGHT = 1024
 DEFAULT_WORKER_GRACE_S = 15.0
 
 
@@ -41,7 +40,7 @@ class BatchApiConfig:
     max_file_lines: int = DEFAULT_MAX_FILE_LINES
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-    max_inflight: int = DEFAULT_MAX_INFLIGHT
+    max_inflight: int | None = None
     workers: tuple[str, ...] = ()
     worker_grace_s: float = DEFAULT_WORKER_GRACE_S
 

@@ -1,103 +1,221 @@
-"""One global plan over the unfinished lines of every batch the runner holds (BlendServe §4).
+"""What a runner feeds next: one global plan over the unsent lines of every batch it holds (BlendServe §4),
+made while the engine already has work.
 
-When a batch is taken up, or another joins, every unfinished line of every running batch is
-planned together, from the prompts validation tokenised; each line's rank in the plan's feed order
-and its placement are written to the store, so a restarted runner feeds by the same plan without
-planning again. Output-length samples are ranked first; once all are back, the rest is planned
-again with their lengths. Planning runs in a worker thread, off the event loop.
+Validation hands lines over a chunk at a time, each tokenised once. The engine must never wait
+while lines remain, so nothing waits for the whole batch:
+
+- output-length samples (a seeded 1% of the lines whose length is not fixed, when the plan blends)
+  are fed the moment they are validated, ahead of everything;
+- while batches are still being validated, what has been validated is planned and fed by that
+  provisional plan -- at doubling sizes, and whenever the queue runs dry -- so the engine gets the
+  first lines of both sides of it;
+- once every batch is validated, every unsent line of every batch is planned together, and again
+  when every sample is back (their lengths refine the estimates; a sample never holds anything
+  up) or another batch joins. A joining batch's lines were tokenised once, when it was validated;
+  the lines already planned keep their prompts.
+
+Plans run in a worker thread, off the event loop; a plan covers the lines that were unsent when it
+began and reorders only those still unsent when it ends. All plans share one rank space
+(`RankSpace`), and each line's rank and placement are written to the store, so a restarted runner
+feeds by the last plan without planning again. Runners that do not plan (SGLang's own orders, the
+plugin's arrival order) feed lines in file order as they are validated.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import hashlib
 import logging
-from collections import defaultdict
-from typing import Callable, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from sgl_blend.core.dp_shares import WorkItem
-from sgl_blend.core.placement import Placement
-from sgl_blend.batch_lines.plan import LinePlanner
+from sgl_blend.batch_lines.plan import LinePlanner, RankSpace
 from sgl_blend.batch_lines.sender import LineOutcome
-from sgl_blend.server.active import ActiveBatch, ActiveBatches
-from sgl_blend.server.store import BatchStore
+from sgl_blend.core.dp_shares import WorkItem
+from sgl_blend.core.output_length import DEFAULT_FALLBACK, DEFAULT_SAMPLE_RATE
+from sgl_blend.core.placement import SAMPLE, Placement
+from sgl_blend.server.feed import Feed, LineKey
+
+if TYPE_CHECKING:
+    from sgl_blend.server.assignment import Slot
+    from sgl_blend.server.store import BatchStore
 
 logger = logging.getLogger(__name__)
-FAILS_AT_ONCE_RANK = -1  # lines that fail without running go first: they cost nothing
-LineKey = tuple[str, int]  # (batch id, line number)
+# The first provisional plan waits for this many validated lines (one validation chunk), unless
+# the queue runs dry first.
+FIRST_PROVISIONAL_LINES = 1024
+
+SlotChooser = Callable[[Sequence[LineKey], Mapping[LineKey, WorkItem]], dict[LineKey, "Slot"]]
 
 
-class GlobalPlanState:
-    def __init__(self, planner: LinePlanner, store: BatchStore, owner: str) -> None:
+@dataclass
+class PlanRecord:
+    """One plan, for the runner's log and the tests: the lines it covered, whether batches were
+    still being validated when it began (a provisional plan), the samples it knew the lengths of,
+    and the first of the store ranks its lines got (every plan's ranks follow the earlier ones')."""
+
+    lines: int
+    provisional: bool
+    observed_samples: int
+    first_rank: int
+
+
+class FeedPlanner:
+    """``planner`` None: no plan, file order. ``choose_slots`` spreads lines over the live slots
+    (by their prompts where it can)."""
+
+    def __init__(self, feed: Feed, planner: LinePlanner | None, store: BatchStore, owner: str,
+                 choose_slots: SlotChooser, wake: Callable[[], None]) -> None:
+        self.feed = feed
         self.planner = planner
         self.store = store
         self.owner = owner
-        self.task: asyncio.Task | None = None
-        self.plans = 0
-        self.samples: dict[LineKey, WorkItem] = {}
-        self.observed: dict[Hashable, tuple[WorkItem, int]] = {}
-        self.samples_back: set[LineKey] = set()
+        self.choose_slots = choose_slots
+        self.wake = wake
+        self.ranks = RankSpace()
+        self.items: dict[LineKey, WorkItem] = {}
+        self.unplanned: dict[LineKey, None] = {}
+        self.samples: set[LineKey] = set()
+        self.observed: dict[LineKey, tuple[WorkItem, int]] = {}
+        self.plans: list[PlanRecord] = []
+        self._task: asyncio.Task | None = None
+        self._observed_at_last_plan = 0
+        self._last_plan_lines = 0
+        self._next_rank = 0
+        self._footprint = [0.0, 0]
 
-    def maybe_start(self, batches: ActiveBatches, done: Callable[[], None]) -> None:
-        """Plan (in the background) when a running batch is not in the plan yet, or when every
-        output-length sample is back; batches still being validated or assigned are waited for,
-        so batches submitted together are planned together. ``done`` runs when a plan ends."""
-        if self.task is not None:
-            if not self.task.done():
-                return
-            if not self.task.cancelled() and self.task.exception() is not None:
-                logger.error("planning the batches failed; trying again", exc_info=self.task.exception())
-            self.task = None
-        if batches.settling():
+    @property
+    def mean_footprint(self) -> float | None:
+        """The mean KV tokens a line holds over its life (prompt plus half its output bound), over
+        every line with a prompt so far; None before the first."""
+        total, count = self._footprint
+        return total / count if count else None
+
+    @property
+    def planning(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # Lines coming in
+
+    def add(self, batch_id: str, numbers: Sequence[int], items: Mapping[int, WorkItem]) -> None:
+        """Lines of a batch that are ready to run (validated now, or unfinished at a restart),
+        in file order, with the prompts that were tokenised."""
+        keys = self._remember(batch_id, numbers, items)
+        if self.planner is None:
+            self.feed.append(keys, self.choose_slots(keys, self.items))
             return
-        plannable = batches.plannable()
-        if plannable and (self._samples_done() or any(not batch.planned for batch in plannable)):
-            self.task = asyncio.create_task(self._plan(plannable))
-            self.task.add_done_callback(lambda _task: done())
+        samples = [key for key in keys if self._is_sample(key)]
+        if samples:
+            self.samples.update(samples)
+            self.feed.push_front(samples, self.choose_slots(samples, self.items),
+                                 {key: self._sample_placement(key) for key in samples})
+        self.unplanned.update((key, None) for key in keys if key not in self.samples)
 
-    def _samples_done(self) -> bool:
-        return bool(self.samples) and self.samples_back >= self.samples.keys()
+    def resume(self, batch_id: str, planned: Sequence[tuple[int, Placement]], unplanned: Sequence[int],
+               items: Mapping[int, WorkItem], slot_of: Mapping[LineKey, Slot]) -> None:
+        """A batch taken up again with a stored plan: its planned lines in their stored order and
+        places, the rest as validated lines."""
+        keys = self._remember(batch_id, [number for number, _placement in planned], items)
+        placements = {key: placement for key, (_number, placement) in zip(keys, planned)}
+        self.ranks.continue_after(placements.values())
+        self.feed.append(keys, slot_of, placements)
+        self.add(batch_id, unplanned, items)
+
+    def _remember(self, batch_id: str, numbers: Sequence[int], items: Mapping[int, WorkItem]) -> list[LineKey]:
+        keys = [(batch_id, number) for number in numbers]
+        for key in keys:
+            item = items.get(key[1])
+            if item is not None:
+                self.items[key] = item
+                self._footprint[0] += len(item.prompt_ids) + item.max_new_tokens / 2
+                self._footprint[1] += 1
+        return keys
 
     def line_done(self, key: LineKey, outcome: LineOutcome) -> None:
+        """A line got its result: it no longer needs its prompt, unless it is a sample whose length
+        refines the plan."""
+        item = self.items.pop(key, None)
         if key in self.samples:
-            self.samples_back.add(key)
-            if outcome.ok:
-                self.observed[key] = (self.samples[key], outcome.usage.completion_tokens)
+            self.samples.discard(key)
+            if outcome.ok and item is not None:
+                self.observed[key] = (item, outcome.usage.completion_tokens)
 
-    async def _plan(self, batches: list[ActiveBatch]) -> None:
-        store, owner = self.store, self.owner
-        if not self.plans and not self.samples:
-            unplanned = await asyncio.gather(*(asyncio.to_thread(store.unplanned_lines, batch.id) for batch in batches))
-            if not any(unplanned):  # a restart: the store already holds the plan
-                self._adopt(batches)
-                return
-        items: list[WorkItem] = []
-        places: dict[str, list[tuple[int, int, Placement | None]]] = defaultdict(list)
-        for batch in batches:
-            prompts = await batch.prompts()
-            for row in await asyncio.to_thread(store.pending_lines, batch.id):
-                if row.error_code is None and row.line_number in prompts:
-                    items.append(dataclasses.replace(prompts[row.line_number], key=(batch.id, row.line_number)))
-                else:
-                    places[batch.id].append((row.line_number, FAILS_AT_ONCE_RANK, None))
-        samples_done = self._samples_done()
-        plan = await asyncio.to_thread(self.planner.plan, items, self.observed if samples_done else None)
-        for rank, (batch_id, number) in enumerate(plan.feed):
-            places[batch_id].append((number, rank, plan.placements[(batch_id, number)]))
-        for batch in batches:
-            await asyncio.to_thread(store.set_plan, batch.id, owner, places.get(batch.id, []))
-        sampled = set(plan.samples)
-        self.samples = {item.key: item for item in items if item.key in sampled}
-        self.samples_back = set()
-        if samples_done:
-            self.observed = {}
-        self.plans += 1
-        logger.info("planned %d lines of %d batches (%d samples first, memory share %.2f)", len(plan.feed),
-                    len(batches), len(plan.samples), plan.memory_share)
-        self._adopt(batches)
+    def remove_batch(self, batch_id: str) -> None:
+        self.feed.remove_batch(batch_id)
+        for mapping in (self.items, self.unplanned):
+            for key in [key for key in mapping if key[0] == batch_id]:
+                del mapping[key]
+        self.samples = {key for key in self.samples if key[0] != batch_id}
 
-    @staticmethod
-    def _adopt(batches: list[ActiveBatch]) -> None:
-        for batch in batches:
-            batch.planned = True
-            batch.reread()
+    # Planning
+
+    def step(self, validating: bool, starving: bool) -> None:
+        """Start a plan in the background when one is due: ``validating`` -- some batch is still
+        being validated; ``starving`` -- a slot's window has room and its queue is empty."""
+        if self.planner is None or self.planning:
+            return
+        if self._task is not None:
+            if not self._task.cancelled() and self._task.exception() is not None:
+                logger.error("planning the batches failed; trying again", exc_info=self._task.exception())
+            self._task = None
+        if self._due(validating, starving):
+            self._task = asyncio.create_task(self._plan(provisional=validating))
+            self._task.add_done_callback(lambda _task: self.wake())
+
+    def _due(self, validating: bool, starving: bool) -> bool:
+        if self.unplanned:
+            if not validating or starving:
+                return True
+            return len(self.unplanned) >= max(FIRST_PROVISIONAL_LINES, self._last_plan_lines)
+        return len(self.observed) > self._observed_at_last_plan and not self.samples and len(self.feed) > 0
+
+    async def _plan(self, provisional: bool) -> None:
+        queued = [key for key in self.feed.queued() if key not in self.samples]
+        keys = [*queued, *self.unplanned]
+        items = [_keyed(self.items[key], key) for key in keys if key in self.items]
+        observed = dict(self.observed)
+        plan = await asyncio.to_thread(self.planner.plan, items, observed, 0.0)
+        still = set(self.feed.queued()) | self.unplanned.keys()
+        # A line without a prompt (its prepared prompt was lost) still runs, after the plan.
+        order = [key for key in (*plan.feed, *(key for key in keys if key not in self.items)) if key in still]
+        placements = self.ranks.place(plan)
+        slot_of = {key: self.feed.slot_of(key) for key in order if key in self.feed}
+        new = [key for key in order if key not in slot_of]
+        slot_of.update(self.choose_slots(new, self.items))
+        self.feed.replace(order, slot_of, placements)
+        for key in order:
+            self.unplanned.pop(key, None)
+        self._observed_at_last_plan = len(observed)
+        self._last_plan_lines = 2 * len(keys)
+        self.plans.append(PlanRecord(len(keys), provisional, len(observed), self._next_rank))
+        logger.info("planned %d lines%s (%d samples observed, memory share %.2f)", len(keys),
+                    " provisionally" if provisional else "", len(observed), plan.memory_share)
+        first_rank, self._next_rank = self._next_rank, self._next_rank + len(order)
+        await asyncio.to_thread(self._store_plan, order, placements, first_rank)
+
+    def _store_plan(self, order: Sequence[LineKey], placements: Mapping[LineKey, Placement], first_rank: int) -> None:
+        """Each line's rank (after every earlier plan's: a restarted runner feeds by rank) and placement."""
+        by_batch: dict[str, list[tuple[int, int, Placement]]] = {}
+        for rank, key in enumerate(order, start=first_rank):
+            by_batch.setdefault(key[0], []).append((key[1], rank, placements[key]))
+        for batch_id, places in by_batch.items():
+            self.store.set_plan(batch_id, self.owner, places)
+
+    # Samples
+
+    def _is_sample(self, key: LineKey) -> bool:
+        """A seeded share of the lines whose output length the plan must estimate, when it blends."""
+        item = self.items.get(key)
+        if item is None or item.exact_output_len or not self.planner.blend:
+            return False
+        digest = hashlib.blake2b(f"{key[0]}/{key[1]}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") / 2**64 < DEFAULT_SAMPLE_RATE
+
+    def _sample_placement(self, key: LineKey) -> Placement:
+        item = self.items[key]
+        return Placement(SAMPLE, self.ranks.take_compute(), 1.0, min(item.max_new_tokens, DEFAULT_FALLBACK))
+
+
+def _keyed(item: WorkItem, key: LineKey) -> WorkItem:
+    return WorkItem(key, item.prompt_ids, item.max_new_tokens, item.exact_output_len)
+

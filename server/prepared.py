@@ -53,11 +53,13 @@ class PreparedWriter:
         self._requests.write(data)
         return offset, len(data)
 
-    def add_prompt(self, line_number: int, token_ids: Iterable[int], output_bound: int, exact: bool) -> None:
+    def add_prompt(self, line_number: int, token_ids: Iterable[int], output_bound: int, exact: bool) -> WorkItem:
+        """Store one line's prompt; the line as the planner reads it, its prompt kept compact."""
         ids = array("i", token_ids)
         self._prompts.write(ids.tobytes())
         self._index.extend((line_number, self._tokens, len(ids), output_bound, int(exact)))
         self._tokens += len(ids)
+        return WorkItem(line_number, ids, output_bound, exact)
 
     def close(self) -> None:
         with (self.folder / PROMPT_INDEX).open("wb") as index:

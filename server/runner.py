@@ -1,14 +1,16 @@
-"""Executing batches: validation, line dispatch as offline work, expiry, cancellation, finalizing.
+"""Executing batches: validation, feeding the engine as offline work, expiry, cancellation, finalizing.
 
-The runner lives in the HTTP server's event loop. It coordinates every unfinished batch it holds
-the lease of, and sends each line to its assigned worker's own OpenAI route over HTTP with the
-offline routing key, so the scheduler's BlendServe pool orders it among every other offline line
-(`server.dispatch`). Nothing about a batch is held whole in memory: lines are read from the store in
-chunks and from the input file by offset.
+The runner lives in the HTTP server's event loop (or in `sgl-blend run-batch`'s own process). It
+coordinates every unfinished batch it holds the lease of, and sends each line to a worker's own
+OpenAI route over HTTP with the offline routing key and its placement, so the scheduler's
+BlendServe pool orders it among every other offline line.
 
-A batch's unfinished lines are assigned to the live slots of the workers (`server.workers`) when
-the runner takes the batch up, by BlendServe's DP partition; a worker that stays unreachable for
-``worker_grace_s`` is declared dead and its unfinished lines are assigned again over the slots
+A batch streams: validation reads its input once, a chunk at a time in a worker thread, and hands
+each stored chunk to the feed at once (`server.planning`), so the engine runs the first lines
+while the rest is still being read; nothing about a batch is held whole in memory beyond the
+lines not yet answered. Lines are spread over the live slots of the workers (`server.workers`,
+one slot per DP rank) by BlendServe's DP partition where their prompts are known; a worker that
+stays unreachable for ``worker_grace_s`` is declared dead and its queued lines move to the slots
 still alive.
 """
 
@@ -17,18 +19,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Sequence
+from collections import defaultdict
+from typing import TYPE_CHECKING, Mapping, Sequence
 
-from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES, endpoint_urls, error_record
+from sgl_blend.batch_lines.lines import (DEFAULT_MAX_LINE_BYTES, LineError, endpoint_urls, error_record,
+                                        line_error_record)
+from sgl_blend.batch_lines.bodies import BodyCaps
 from sgl_blend.batch_lines.sender import LineOutcome, LineUsage
+from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.server.active import ActiveBatch, ActiveBatches
-from sgl_blend.server.assignment import Assigner, split_evenly
+from sgl_blend.server.assignment import Assigner, Slot, split_evenly
 from sgl_blend.server.blobs import BlobDir, ResultFileDamaged
-from sgl_blend.server.dispatch import FEED_CHUNK, Dispatcher
-from sgl_blend.server.planning import GlobalPlanState
+from sgl_blend.server.dispatch import Dispatcher
+from sgl_blend.server.feed import Feed, LineKey
+from sgl_blend.server.planning import FeedPlanner
 from sgl_blend.server.prepared import PreparedBatch
 from sgl_blend.server.results import LineResult, ResultWriter
-from sgl_blend.server.store import BatchRow, BatchStore, Conflict, FileRow, LeaseLost
+from sgl_blend.server.store import BatchRow, BatchStore, Conflict, FileRow, LeaseLost, LineRow
 from sgl_blend.server.validation import FileRejected, LineLimits, index_batch
 from sgl_blend.server.workers import WORKER_GRACE_S, WorkerPool
 
@@ -41,18 +48,26 @@ OUTPUT_PURPOSE = "batch_output"
 LEASE_S = 30.0
 POLL_S = 0.5
 HOUSEKEEPING_S = 60.0
+EXPIRE_CHUNK = 1000
+
+
+class ValidationStopped(Exception):
+    """The batch was closed while it was being validated."""
 
 
 class BatchRunner:
     """``tokenizer`` tokenises every line's prompt at validation, when a ``planner`` plans by them
-    or the lines are spread over several slots; ``max_line_bytes`` is the longest line that runs."""
+    or the lines are spread over several slots; ``max_line_bytes`` is the longest line that runs
+    and ``body_caps`` what one line may ask for;
+    ``max_inflight`` caps the lines each slot holds (None: the engine's size decides)."""
 
     def __init__(self, store: BatchStore, blobs: BlobDir, *, workers: Sequence[str], owner: str,
                  api_key: str | None = None, admin_api_key: str | None = None,
-                 max_inflight: int = 1024, max_file_lines: int = 50_000, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                 assigner: Assigner = split_evenly, poll_s: float = POLL_S, lease_s: float = LEASE_S,
-                 worker_grace_s: float = WORKER_GRACE_S, planner: LinePlanner | None = None,
-                 tokenizer: LineTokenizer | None = None) -> None:
+                 max_inflight: int | None = None, max_file_lines: int = 50_000,
+                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, assigner: Assigner = split_evenly,
+                 poll_s: float = POLL_S, lease_s: float = LEASE_S, worker_grace_s: float = WORKER_GRACE_S,
+                 planner: LinePlanner | None = None, tokenizer: LineTokenizer | None = None,
+                 body_caps: BodyCaps = BodyCaps()) -> None:
         if planner is not None and tokenizer is None:
             raise ValueError("a runner that plans by prompts needs the served model's tokenizer")
         self.store = store
@@ -60,18 +75,23 @@ class BatchRunner:
         self.owner = owner
         self.max_file_lines = max_file_lines
         self.max_line_bytes = max_line_bytes
+        self.body_caps = body_caps
         self.poll_s = poll_s
         self.lease_s = lease_s
         self.tokenizer = tokenizer
-        self.workers = WorkerPool(workers, max_inflight=max_inflight, api_key=api_key, admin_api_key=admin_api_key,
-                                  grace_s=worker_grace_s, on_change=lambda: self.wake(refresh=False))
+        self.assigner = assigner
+        self.workers = WorkerPool(workers, api_key=api_key, admin_api_key=admin_api_key, grace_s=worker_grace_s,
+                                  on_change=lambda: self.wake(refresh=False))
         self.batches = ActiveBatches()
+        self.feed = Feed()
+        self.planner = FeedPlanner(self.feed, planner, store, owner, self._choose_slots,
+                                   wake=lambda: self.wake(refresh=False))
         self._wake = asyncio.Event()
         self._refresh = True
+        self._live: frozenset[Slot] = frozenset()
         self._writer = ResultWriter(store, blobs, owner)
-        self._global_plan = GlobalPlanState(planner, store, owner) if planner is not None else None
-        self._dispatcher = Dispatcher(self.workers, store, self._writer, owner=owner, assigner=assigner,
-                                      global_plan=self._global_plan, wake=lambda: self.wake(refresh=False))
+        self._dispatcher = Dispatcher(self.workers, self.feed, self.planner, self._writer, self.batches,
+                                      max_inflight=max_inflight, wake=lambda: self.wake(refresh=False))
 
     def wake(self, refresh: bool = True) -> None:
         """Look at the store again now (a batch was created or cancelled), not at the next poll."""
@@ -97,8 +117,10 @@ class BatchRunner:
                         await self._housekeeping()
                         next_housekeeping = now + HOUSEKEEPING_S
                     await self.workers.probe()
+                    self._rebalance()
                     self._advance()
-                    await self._dispatcher.fill(self.batches.dispatching())
+                    starving = self._dispatcher.fill()
+                    self.planner.step(validating=self.batches.validating(), starving=starving)
                 except Exception:
                     logger.exception("batch runner step failed; trying again")
                     next_claim = now + self.poll_s
@@ -114,6 +136,8 @@ class BatchRunner:
             await self._shutdown(writer_task)
 
     async def _shutdown(self, writer_task: asyncio.Task) -> None:
+        for batch in self.batches:
+            batch.closing = True
         tasks = self.batches.tasks()
         for task in tasks:
             task.cancel()
@@ -139,13 +163,13 @@ class BatchRunner:
             batch = self.batches.get(row.id)
             if batch is None:
                 await self._adopt(row)
-            elif batch.task is None:  # a running step keeps the row it reloads itself
+            elif batch.task is None:  # a step under way keeps the row it reloads itself
                 batch.row = row
 
     async def _adopt(self, row: BatchRow) -> None:
         """Take a batch up: cut its result files back to the committed lengths (anything past them
-        was written by a run that died before committing); its lines are spread by `Dispatcher.assign`.
-        A file shorter than its committed length lost committed results: the batch fails, saying so."""
+        was written by a run that died before committing). A file shorter than its committed
+        length lost committed results: the batch fails, saying so."""
         try:
             await asyncio.to_thread(self.blobs.truncate, row.output_blob, row.output_bytes)
             await asyncio.to_thread(self.blobs.truncate, row.error_blob, row.error_bytes)
@@ -155,12 +179,13 @@ class BatchRunner:
                                     int(time.time()))
             return
         self._writer.open(row.id, row.output_blob, row.error_blob, row.output_bytes, row.error_bytes)
-        self.batches.add(ActiveBatch(row, PreparedBatch(self.blobs.prepared_dir(row.id)),
-                                     planned=self._global_plan is None))
+        self.batches.add(ActiveBatch(row, PreparedBatch(self.blobs.prepared_dir(row.id))))
 
     def _drop(self, batch_id: str) -> None:
         batch = self.batches.pop(batch_id)
-        for task in (*batch.inflight.values(), batch.task):
+        batch.closing = True
+        self.planner.remove_batch(batch_id)
+        for task in (*batch.inflight.values(), batch.task, batch.validation):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         batch.prepared.close()
@@ -169,77 +194,168 @@ class BatchRunner:
     # Lifecycle
 
     def _advance(self) -> None:
-        """Start the next lifecycle step of every batch that has none running."""
+        """Start the next lifecycle step of every batch that has none running. Reading a batch's
+        input runs beside its steps: a batch being read may be cancelled or expire."""
         now = time.time()
         for batch in self.batches:
+            if batch.validation is not None and batch.validation.done():
+                self._settle(batch, batch.validation)
+                batch.validation = None
             if batch.task is not None:
                 if not batch.task.done():
                     continue
-                self._settle(batch)
+                self._settle(batch, batch.task)
+                batch.task = None
+            if batch.id not in self.batches:
+                continue
             status = batch.row.status
-            if status == "validating":
-                step = self._validate(batch)
-            elif status == "cancelling":
+            if batch.closing:
+                continue
+            if status == "cancelling":
                 step = self._close(batch, "cancelled")
             elif status == "finalizing":
                 step = self._finish(batch, "completed")
-            elif status == "in_progress" and now >= batch.row.expires_at:
+            elif status in ("validating", "in_progress") and now >= batch.row.expires_at:
                 step = self._close(batch, "expired")
-            elif status == "in_progress" and self._dispatcher.needs_assigning(batch):
-                step = self._dispatcher.assign(batch)
-            elif status == "in_progress" and self._drained(batch):
+            elif not batch.taken_up and status == "validating":
+                batch.taken_up = True
+                batch.validation = asyncio.create_task(self._validate(batch))
+                batch.validation.add_done_callback(lambda _task: self.wake(refresh=False))
+                continue
+            elif not batch.taken_up:
+                step = self._resume(batch)
+            elif status == "in_progress" and batch.validation is None and self._drained(batch):
                 step = self._finalize(batch)
             else:
                 continue
             batch.task = asyncio.create_task(step)
             batch.task.add_done_callback(lambda _task: self.wake(refresh=False))
-        if self._global_plan is not None:
-            self._global_plan.maybe_start(self.batches, done=lambda: self.wake(refresh=False))
 
-    def _settle(self, batch: ActiveBatch) -> None:
-        task, batch.task = batch.task, None
+    def _settle(self, batch: ActiveBatch, task: asyncio.Task) -> None:
         if task.cancelled():
             return
         error = task.exception()
         if isinstance(error, LeaseLost):
             logger.warning("%s", error)
-            self._drop(batch.id)
-        elif error is not None:
+            if batch.id in self.batches:
+                self._drop(batch.id)
+        elif error is not None and not isinstance(error, ValidationStopped):
             logger.error("batch %s: %s", batch.id, error, exc_info=error)
 
     def _drained(self, batch: ActiveBatch) -> bool:
-        return (bool(batch.feeds) and all(feed.empty for feed in batch.feeds.values()) and not batch.inflight
-                and self._writer.pending(batch.id) == 0)
+        return not batch.lines and not batch.inflight and self._writer.pending(batch.id) == 0
 
     async def _validate(self, batch: ActiveBatch) -> None:
+        """Read the batch's input once, feeding each stored chunk's lines as it lands."""
         row = batch.row
+        loop = asyncio.get_running_loop()
+
+        def on_chunk(rows: list[LineRow], items: dict[int, WorkItem]) -> None:
+            if batch.closing:
+                raise ValidationStopped(batch.id)
+            loop.call_soon_threadsafe(self._lines_ready, batch, rows, items)
+
         try:
-            if await asyncio.to_thread(self.store.clear_lines, row.id, self.owner):
-                total = await asyncio.to_thread(self._index_lines, row)
+            done = await asyncio.to_thread(self.store.clear_lines, row.id, self.owner)
+            if done is not None:
+                total = await asyncio.to_thread(self._index_lines, row, done, on_chunk)
                 await asyncio.to_thread(self.store.start_batch, row.id, self.owner, total, int(time.time()))
         except FileRejected as rejected:
-            await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [rejected.as_batch_error()],
-                                    int(time.time()))
+            await self._fail(batch, rejected)
         except FileNotFoundError:
-            error = FileRejected("file_not_found", f"the input file {row.input_file_id} is gone")
-            await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [error.as_batch_error()],
-                                    int(time.time()))
-        await self._reload(batch)
-        if batch.row.status == "failed":
-            self._drop(batch.id)
+            await self._fail(batch, FileRejected("file_not_found", f"the input file {row.input_file_id} is gone"))
+        if not batch.closing:
+            await self._reload(batch)
 
-    def _index_lines(self, row: BatchRow) -> int:
+    def _index_lines(self, row: BatchRow, done: set[int], on_chunk) -> int:
         """Validate the batch (in a worker thread), tokenising its prompts when the plan or the
         spread over several slots reads them; the number of lines."""
-        limits = LineLimits(endpoint_urls(row.endpoint), self.max_file_lines, self.max_line_bytes)
-        tokenize = self._global_plan is not None or len(self.workers.live_slots()) > 1
+        limits = LineLimits(endpoint_urls(row.endpoint), self.max_file_lines, self.max_line_bytes, self.body_caps)
+        tokenize = self.planner.planner is not None or len(self.workers.live_slots()) > 1
         return index_batch(self.store, self.owner, row.id, self.blobs.path(row.input_file_id),
-                           self.blobs.prepared_dir(row.id), limits, self.tokenizer if tokenize else None)
+                           self.blobs.prepared_dir(row.id), limits, self.tokenizer if tokenize else None,
+                           done=done, on_chunk=on_chunk)
+
+    async def _fail(self, batch: ActiveBatch, rejected: FileRejected) -> None:
+        await asyncio.to_thread(self.store.fail_batch, batch.id, self.owner, [rejected.as_batch_error()],
+                                int(time.time()))
+        self._drop(batch.id)
+
+    async def _resume(self, batch: ActiveBatch) -> None:
+        """Take up a batch validated before (a restarted or another runner): its unfinished lines
+        go back to the feed, in its stored plan where there is one."""
+        batch.taken_up = True
+        rows = await asyncio.to_thread(self.store.pending_lines, batch.id)
+        reads_prompts = self.planner.planner is not None or len(self.workers.live_slots()) > 1
+        items = await asyncio.to_thread(batch.prepared.prompts) if reads_prompts else {}
+        self._lines_ready(batch, [row for row in rows if row.plan_rank is None or row.placement is None], items)
+        planned = sorted((row for row in rows if row.error_code is None and row.plan_rank is not None
+                          and row.placement is not None), key=lambda row: row.plan_rank)
+        if planned:
+            live = set(self.workers.live_slots())
+            slot_of = {(batch.id, row.line_number): Slot(row.worker, row.dp_rank) for row in planned
+                       if Slot(row.worker, row.dp_rank) in live}
+            keys = [(batch.id, row.line_number) for row in planned]
+            slot_of.update(self._choose_slots([key for key in keys if key not in slot_of], {}))
+            batch.lines.update((row.line_number, row) for row in planned)
+            self.planner.resume(batch.id, [(row.line_number, row.placement) for row in planned], [], items, slot_of)
+
+    def _lines_ready(self, batch: ActiveBatch, rows: list[LineRow], items: dict[int, WorkItem]) -> None:
+        """Validated (or resumed) lines: those that fail without running get their result now; the
+        others go to the feed."""
+        if batch.closing:
+            return
+        runnable = []
+        for row in rows:
+            if row.error_code is not None:
+                error = LineError(row.line_number, row.custom_id, row.error_code, row.error_message or "")
+                self._writer.put(LineResult(batch.id, row.line_number,
+                                            LineOutcome(False, line_error_record(error), LineUsage())))
+            else:
+                batch.lines[row.line_number] = row
+                runnable.append(row.line_number)
+        self.planner.add(batch.id, runnable, items)
+        self.wake(refresh=False)
+
+    def _choose_slots(self, keys: Sequence[LineKey], items: Mapping[LineKey, WorkItem]) -> dict[LineKey, Slot]:
+        """Where lines run: the one live slot, or each batch's lines spread over the live slots by
+        the assigner (BlendServe's DP partition where the prompts are known); before any worker
+        answered, the first worker's, to move once it does."""
+        slots = self.workers.live_slots() or [Slot(next(iter(self.workers.workers)))]
+        if len(slots) == 1:
+            return dict.fromkeys(keys, slots[0])
+        by_batch: dict[str, list[int]] = defaultdict(list)
+        for batch_id, number in keys:
+            by_batch[batch_id].append(number)
+        chosen: dict[LineKey, Slot] = {}
+        for batch_id, numbers in by_batch.items():
+            prompts = {number: items[(batch_id, number)] for number in numbers if (batch_id, number) in items}
+            assignment = self.assigner(numbers, slots, prompts)
+            chosen.update(((batch_id, number), slot) for slot, share in assignment.items() for number in share)
+            self._store_assignment(batch_id, assignment)
+        return chosen
+
+    def _store_assignment(self, batch_id: str, assignment: Mapping[Slot, list[int]]) -> None:
+        task = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(self.store.assign, batch_id, self.owner, assignment))
+        task.add_done_callback(lambda done: done.cancelled() or done.exception() is None
+                               or logger.warning("recording where lines run failed: %s", done.exception()))
+
+    def _rebalance(self) -> None:
+        """When the live slots change, lines queued on slots that are gone (a dead worker, a
+        placeholder) move to the live ones."""
+        live = frozenset(self.workers.live_slots())
+        if not live or live == self._live:
+            return
+        self._live = live
+        gone = {key for key in self.feed.queued() if self.feed.slot_of(key) not in live}
+        if gone:
+            slots = {self.feed.slot_of(key) for key in gone}
+            self.feed.move_slots(slots, self._choose_slots(sorted(gone), self.planner.items))
 
     async def _finalize(self, batch: ActiveBatch) -> None:
         if await asyncio.to_thread(self.store.pending_lines, batch.id, limit=1):
-            # a line left its feed without a result (its worker died as it was reassigned)
-            batch.reread()
+            batch.taken_up = False  # a line left the feed without a result: take the rest up again
             return
         await asyncio.to_thread(self.store.set_finalizing, batch.id, self.owner, int(time.time()))
         await self._reload(batch)
@@ -247,9 +363,13 @@ class BatchRunner:
             await self._finish(batch, "completed")
 
     async def _close(self, batch: ActiveBatch, status: str) -> None:
-        """Stop a batch early (``cancelled`` or ``expired``): abort its lines in flight, keep every
-        finished one, and for ``expired`` record each line that never ran as ``batch_expired``."""
+        """Stop a batch early (``cancelled`` or ``expired``): stop reading it, abort its lines in
+        flight, keep every finished one, and for ``expired`` record each line that never ran as
+        ``batch_expired``."""
         batch.closing = True
+        self.planner.remove_batch(batch.id)
+        if batch.validation is not None:
+            await asyncio.gather(batch.validation, return_exceptions=True)
         await self._dispatcher.abort_inflight(batch)
         await self._writer.drained(batch.id)
         if status == "expired":
@@ -258,7 +378,7 @@ class BatchRunner:
 
     async def _expire_unfinished(self, batch: ActiveBatch) -> None:
         after = 0
-        while rows := await asyncio.to_thread(self.store.pending_lines, batch.id, after_line=after, limit=FEED_CHUNK):
+        while rows := await asyncio.to_thread(self.store.pending_lines, batch.id, after_line=after, limit=EXPIRE_CHUNK):
             for row in rows:
                 record = error_record(row.custom_id, "batch_expired",
                                       "the batch's completion window ended before this request ran", row.line_number)

@@ -38,16 +38,19 @@ def fence(connection: Connection, batch_id: str, owner: str) -> None:
 class LineQueries:
     db: Database
 
-    def clear_lines(self, batch_id: str, owner: str) -> bool:
-        """Drop what an interrupted validation of the batch stored; False, changing nothing, when
-        the batch is no longer ``validating`` (cancelled meanwhile)."""
+    def clear_lines(self, batch_id: str, owner: str) -> set[int] | None:
+        """Drop the unfinished lines an interrupted validation of the batch stored, and return the
+        line numbers that already have a result (the runner feeds lines while it validates, so a
+        validation that starts again must skip them); None, changing nothing, when the batch is no
+        longer ``validating`` (cancelled meanwhile)."""
         with self.db.transaction() as connection:
             fence(connection, batch_id, owner)
             status = connection.execute(select(batches.c.status).where(batches.c.id == batch_id)).scalar_one()
             if status != "validating":
-                return False
-            connection.execute(batch_lines.delete().where(_lines.batch_id == batch_id))
-        return True
+                return None
+            connection.execute(batch_lines.delete().where(_lines.batch_id == batch_id, _lines.state == PENDING))
+            done = connection.execute(select(_lines.line_number).where(_lines.batch_id == batch_id)).scalars()
+            return set(done)
 
     def add_lines(self, batch_id: str, owner: str, lines: Sequence[LineRow]) -> None:
         """Store one chunk of a validating batch's line index. Chunks commit one by one, so a long

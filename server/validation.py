@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Collection, Iterator
 
+from sgl_blend.batch_lines.bodies import BodyCaps
 from sgl_blend.batch_lines.tokenize import LineTokenizer, output_bound
+from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.batch_lines.lines import (DEFAULT_MAX_LINE_BYTES, BatchLine, LineError, duplicate_id_error, line_too_long,
                                   parse_line, prepare)
 from sgl_blend.server.prepared import PreparedWriter
@@ -42,24 +44,30 @@ class FileRejected(Exception):
 @dataclass(frozen=True)
 class LineLimits:
     """``urls``: the routes a line may name; ``max_lines``: the most requests in one file;
-    ``max_line_bytes``: the longest line (a longer one fails alone, and is never read whole)."""
+    ``max_line_bytes``: the longest line (a longer one fails alone, and is never read whole);
+    ``caps``: what one line's body may ask for (a line over them fails alone)."""
 
     urls: tuple[str, ...]
     max_lines: int
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    caps: BodyCaps = BodyCaps()
 
 
 def index_batch(store: BatchStore, owner: str, batch_id: str, input_path: Path, folder: Path, limits: LineLimits,
-                tokenizer: LineTokenizer | None = None) -> int:
+                tokenizer: LineTokenizer | None = None, *, done: Collection[int] = (),
+                on_chunk: Callable[[list[LineRow], dict[int, WorkItem]], None] = lambda _rows, _items: None) -> int:
     """Validate a batch's input into its prepared ``folder`` and the store's line index, chunk by
-    chunk; the number of lines. Raises `FileRejected` (what was stored stays until the batch is
-    failed, or the next validation clears it)."""
+    chunk, handing each stored chunk (its rows, and the prompts tokenised for it by line number)
+    to ``on_chunk``, so its lines can run before the rest is read; the number of lines. Lines in
+    ``done`` already have a result (a validation that starts again) and are only counted. Raises
+    `FileRejected` before anything is stored when the file as a whole cannot run."""
+    total = count_requests(input_path, limits)
     writer = PreparedWriter(folder)
-    total = 0
     try:
-        for rows in validate_input(input_path, limits, writer, tokenizer):
-            store.add_lines(batch_id, owner, rows)
-            total += len(rows)
+        for rows, items in validate_input(input_path, limits, writer, tokenizer, done=done):
+            stored = [row for row in rows if row.line_number not in done]
+            store.add_lines(batch_id, owner, stored)
+            on_chunk(stored, items)
         writer.close()
     except BaseException:
         writer.abort()
@@ -67,30 +75,39 @@ def index_batch(store: BatchStore, owner: str, batch_id: str, input_path: Path, 
     return total
 
 
-def validate_input(path: Path, limits: LineLimits, writer: PreparedWriter,
-                   tokenizer: LineTokenizer | None = None) -> Iterator[list[LineRow]]:
-    """The file's rows in file order, a chunk at a time; raises `FileRejected` past
-    ``limits.max_lines`` or at the end of an empty file. ``writer`` receives every good line's
-    request (and prompt, given a ``tokenizer``); the caller closes it."""
-    seen: set[str] = set()
+def count_requests(path: Path, limits: LineLimits) -> int:
+    """The file's requests (non-blank lines); `FileRejected` past ``limits.max_lines`` or when there
+    are none, found before a line runs."""
     count = 0
-    chunk: list[tuple[LineRow, BatchLine | None]] = []
     with path.open("rb") as handle:
-        for number, raw in _lines(handle, limits.max_line_bytes):
+        for _line in _lines(handle, limits.max_line_bytes):
             count += 1
             if count > limits.max_lines:
                 raise FileRejected("too_many_requests",
                                    f"the input file has more than {limits.max_lines} requests, this server's limit")
+    if count == 0:
+        raise FileRejected("empty_file", "the input file has no requests")
+    return count
+
+
+def validate_input(path: Path, limits: LineLimits, writer: PreparedWriter, tokenizer: LineTokenizer | None = None,
+                   *, done: Collection[int] = ()) -> Iterator[tuple[list[LineRow], dict[int, WorkItem]]]:
+    """The file's rows in file order, a chunk at a time, each with the prompts tokenised for it.
+    ``writer`` receives every good line's request (and prompt, given a ``tokenizer``) except those
+    in ``done``; the caller closes it. Every line is parsed, ``done`` ones too, so a custom_id
+    repeated after one of them is still found."""
+    seen: set[str] = set()
+    chunk: list[tuple[LineRow, BatchLine | None]] = []
+    with path.open("rb") as handle:
+        for number, raw in _lines(handle, limits.max_line_bytes):
             parsed = line_too_long(number, limits.max_line_bytes) if raw is None \
-                else parse_line(raw, number, limits.urls, limits.max_line_bytes)
-            chunk.append(_row(parsed, seen, writer))
+                else parse_line(raw, number, limits.urls, limits.max_line_bytes, limits.caps)
+            chunk.append(_row(parsed, seen, None if number in done else writer))
             if len(chunk) >= CHUNK_LINES:
                 yield _finish_chunk(chunk, writer, tokenizer)
                 chunk = []
     if chunk:
         yield _finish_chunk(chunk, writer, tokenizer)
-    if count == 0:
-        raise FileRejected("empty_file", "the input file has no requests")
 
 
 def _lines(handle: BinaryIO, max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
@@ -110,10 +127,14 @@ def _lines(handle: BinaryIO, max_bytes: int) -> Iterator[tuple[int, bytes | None
             yield number, raw.rstrip(b"\r\n")
 
 
-def _row(parsed: BatchLine | LineError, seen: set[str], writer: PreparedWriter) -> tuple[LineRow, BatchLine | None]:
+def _row(parsed: BatchLine | LineError, seen: set[str],
+         writer: PreparedWriter | None) -> tuple[LineRow, BatchLine | None]:
     number = parsed.line_number
     if isinstance(parsed, BatchLine) and parsed.custom_id in seen:
         parsed = duplicate_id_error(number, parsed.custom_id)
+    elif isinstance(parsed, BatchLine) and writer is None:
+        seen.add(parsed.custom_id)
+        return LineRow(number, parsed.custom_id, 0, 0), None
     elif isinstance(parsed, BatchLine):
         try:
             offset, length = writer.add_request(prepare(parsed))
@@ -126,9 +147,11 @@ def _row(parsed: BatchLine | LineError, seen: set[str], writer: PreparedWriter) 
 
 
 def _finish_chunk(chunk: list[tuple[LineRow, BatchLine | None]], writer: PreparedWriter,
-                  tokenizer: LineTokenizer | None) -> list[LineRow]:
+                  tokenizer: LineTokenizer | None) -> tuple[list[LineRow], dict[int, WorkItem]]:
+    items: dict[int, WorkItem] = {}
     if tokenizer is not None:
         lines = [line for _row, line in chunk if line is not None]
         for line, ids in zip(lines, tokenizer.prompt_ids_batch(lines)):
-            writer.add_prompt(line.line_number, ids, *output_bound(line.body))
-    return [row for row, _line in chunk]
+            bound, exact = output_bound(line.body)
+            items[line.line_number] = writer.add_prompt(line.line_number, ids, bound, exact)
+    return [row for row, _line in chunk], items

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import httpx
 
@@ -28,11 +28,35 @@ WORKER_GRACE_S = 15.0
 PROBE_TIMEOUT_S = 10.0
 
 
+@dataclass(frozen=True)
+class EngineLimits:
+    """What one of a worker's schedulers can hold at once, as its ``/server_info`` says: KV tokens
+    and running requests (None where the server does not say)."""
+
+    kv_tokens: int | None = None
+    max_running: int | None = None
+
+    @classmethod
+    def of(cls, info: Mapping[str, Any]) -> EngineLimits:
+        states = info.get("internal_states") or [{}]
+        state = states[0] if isinstance(states[0], Mapping) else {}
+        tokens = (state.get("memory_usage") or {}).get("token_capacity")
+        running = state.get("effective_max_running_requests_per_dp")
+        return cls(int(tokens) if tokens else None, int(running) if running else None)
+
+    def concurrent(self, footprint: float | None) -> int | None:
+        """Requests of ``footprint`` KV tokens each (over their life) that run at once."""
+        fits = int(self.kv_tokens / footprint) if self.kv_tokens and footprint else None
+        bounds = [bound for bound in (fits, self.max_running) if bound]
+        return max(1, min(bounds)) if bounds else None
+
+
 @dataclass
 class Worker:
     url: str
     dp_size: int | None = None  # None: not known to be alive (not probed yet, or declared dead)
     inflight: int = 0
+    limits: EngineLimits = field(default_factory=EngineLimits)
     backoff: http.Backoff = field(default_factory=lambda: http.Backoff(max_s=MAX_WORKER_BACKOFF_S))
 
     @property
@@ -44,16 +68,16 @@ class Worker:
 
 
 class WorkerPool:
-    """Every worker by URL, over one client that holds up to ``max_inflight`` requests per worker.
-    ``on_change`` is called when a worker is declared dead (its lines must move)."""
+    """Every worker by URL, over one client with no cap of its own on requests in flight (the
+    dispatcher's windows are the cap). ``on_change`` is called when a worker is declared dead
+    (its lines must move)."""
 
-    def __init__(self, urls: Sequence[str], *, max_inflight: int, api_key: str | None = None,
+    def __init__(self, urls: Sequence[str], *, api_key: str | None = None,
                  admin_api_key: str | None = None, grace_s: float = WORKER_GRACE_S,
                  on_change: Callable[[], None] = lambda: None) -> None:
         if not urls:
             raise ValueError("a batch runner needs at least one worker URL")
         self.workers = {url: Worker(url) for url in dict.fromkeys(urls)}
-        self.max_inflight = max_inflight
         self.grace_s = grace_s
         self._api_key = api_key
         # SGLang guards /abort_request with the admin key when one is set.
@@ -65,7 +89,7 @@ class WorkerPool:
         return self.workers[url]
 
     def open(self) -> None:
-        self._client = http.async_client(key=self._api_key, max_connections=self.max_inflight * len(self.workers))
+        self._client = http.async_client(key=self._api_key, max_connections=None)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -116,16 +140,16 @@ class WorkerPool:
         that answers is alive, with as many slots as it has DP ranks."""
         now = time.monotonic()
         waiting = [worker for worker in self.workers.values() if not worker.live and worker.backoff.ready(now)]
-        for worker, dp_size in zip(waiting, await asyncio.gather(*(self._dp_size(worker) for worker in waiting))):
-            if dp_size is None:
+        for worker, info in zip(waiting, await asyncio.gather(*(self._server_info(worker) for worker in waiting))):
+            if info is None:
                 worker.backoff.failed(now)
                 continue
-            worker.dp_size = dp_size
+            worker.dp_size, worker.limits = http.dp_size(info), EngineLimits.of(info)
             worker.backoff.succeeded()
-            logger.info("worker %s is alive with %d DP rank(s)", worker.url, dp_size)
+            logger.info("worker %s is alive with %d DP rank(s)", worker.url, worker.dp_size)
 
-    async def _dp_size(self, worker: Worker) -> int | None:
+    async def _server_info(self, worker: Worker) -> dict[str, Any] | None:
         try:
-            return http.dp_size(await http.server_info_async(self._client, worker.url, timeout=PROBE_TIMEOUT_S))
+            return await http.server_info_async(self._client, worker.url, timeout=PROBE_TIMEOUT_S)
         except (http.NoAnswer, httpx.HTTPStatusError, ValueError):
             return None

@@ -18,7 +18,6 @@ HELP = __doc__.splitlines()[0]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES
     from sgl_blend.core.policy_registry import RUN_BATCH, describe, names_for
-    from sgl_blend.server.config import DEFAULT_MAX_INFLIGHT
 
     parser.add_argument("-i", "--input", type=Path, required=True, help="input JSONL (OpenAI batch line format)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="output JSONL (appended; resumable)")
@@ -31,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run on an emulated GPU (h100, a100-80g, or a profile JSON): SGLang runs for real, each "
                              "forward is priced at --model's shapes (llama-3.1-8b, llama-3.1-70b) and the summary "
                              "reports the job's time on that device")
-    parser.add_argument("--max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT,
-                        help="lines handed to the scheduler at once")
+    parser.add_argument("--max-inflight", type=int, default=None,
+                        help="cap on the lines handed to the scheduler at once (default: twice the requests it "
+                             "runs at once, from its KV pool and running limit)")
     parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
                         help="longest line that runs (a longer one fails alone, in the error file)")
     parser.add_argument("--server-log", type=Path, default=None, help="where the server's output goes")

@@ -15,7 +15,7 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sgl_blend.server.config import (DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES, DEFAULT_MAX_INFLIGHT,
+    from sgl_blend.server.config import (DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES,
                                          DEFAULT_MAX_LINE_BYTES, DEFAULT_WORKER_GRACE_S, default_data_dir)
 
     parser.add_argument("--model", required=True,
@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="largest upload accepted (a bigger one gets 413)")
     batch.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
                        help="longest batch line that runs (a longer one fails alone, in the error file)")
-    batch.add_argument("--batch-max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT,
-                       help="batch lines in flight at once per server, across all batches: the pool the scheduler orders")
+    batch.add_argument("--batch-max-inflight", type=int, default=None,
+                       help="cap on batch lines in flight at once per DP rank, across all batches (default: twice "
+                            "the requests the scheduler runs at once, from its KV pool and running limit)")
     batch.add_argument("--batch-workers", type=_urls, default=(), metavar="URL,...",
                        help="other sgl-blend/SGLang servers (base URLs, same model and --api-key) that this server's "
                             "batch runner also sends lines to, spread by BlendServe's DP partition")

@@ -30,7 +30,6 @@ from sgl_blend.batch_lines.sender import LineUsage
 from sgl_blend.emulation.clock_reader import JobTime
 from sgl_blend.server.assignment import PrefixAssigner
 from sgl_blend.server.blobs import BlobDir
-from sgl_blend.server.config import DEFAULT_MAX_INFLIGHT
 from sgl_blend.server.ids import new_batch_id, new_file_id
 from sgl_blend.server.runner import BatchRunner
 from sgl_blend.server.store import TERMINAL_STATUSES, BatchRow, BatchStore, FileRow
@@ -124,10 +123,11 @@ class JobEngine:
 
 @dataclass(frozen=True)
 class JobOptions:
-    """``max_inflight``: lines handed to the engine at once; ``max_line_bytes``: the longest line
+    """``max_inflight``: a cap on the lines handed to the engine at once (None: twice what it runs
+    at once, `server.dispatch`); ``max_line_bytes``: the longest line
     that runs (a longer one fails alone)."""
 
-    max_inflight: int = DEFAULT_MAX_INFLIGHT
+    max_inflight: int | None = None
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     show_progress: bool = True
 

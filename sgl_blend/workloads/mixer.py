@@ -56,12 +56,12 @@ class _Stream:
                    prefix_sum([r.prompt_len for r in requests]), prefix_sum(saved))
 
 
-def _generate(trace: str, n: int, seed: int) -> list[SimRequest]:
+def _generate(trace: str, n: int, seed: int, long_output_scale: float = 1.0) -> list[SimRequest]:
     if trace == "sharegpt":
         from sgl_blend.workloads import sharegpt
 
         return sharegpt.load(n, seed)
-    return generate(trace, n, seed)
+    return generate(trace, n, seed, long_output_scale)
 
 
 def _properties(streams: tuple[_Stream, _Stream, _Stream], counts: tuple[int, int, int]) -> tuple[float, float]:
@@ -99,17 +99,16 @@ def solve_counts(n: int, density: float, sharing: float, streams: tuple[_Stream,
 
 
 def mix(n: int, density: float, sharing: float, cost: CostModel, seed: int = 0,
-        compute_trace: str = "burstgpt") -> list[SimRequest]:
-    streams = tuple(_Stream.of(_generate(trace, n, seed), cost) for trace in (compute_trace, "openvid", "mmlu"))
+        compute_trace: str = "burstgpt", long_output_scale: float = 1.0) -> list[SimRequest]:
+    streams = tuple(_Stream.of(_generate(trace, n, seed, long_output_scale), cost)
+                    for trace in (compute_trace, "openvid", "mmlu"))
     counts = solve_counts(n, density, sharing, streams)
     requests = [request for stream, count in zip(streams, counts) for request in stream.requests[:count]]
     random.Random(seed).shuffle(requests)
     return requests
 
 
-def named_workload(name: str, n: int, cost: CostModel, seed: int = 0) -> list[SimRequest]:
+def named_workload(name: str, n: int, cost: CostModel, seed: int = 0, long_output_scale: float = 1.0) -> list[SimRequest]:
     """``trace1``..``trace4`` (Table 2) or ``DENSITY:SHARING`` (e.g. ``1.2:0.25``)."""
-    if name in TABLE2_TRACES:
-        return mix(n, *TABLE2_TRACES[name], cost, seed)
-    density, sharing = (float(part) for part in name.split(":"))
-    return mix(n, density, sharing, cost, seed)
+    density, sharing = TABLE2_TRACES[name] if name in TABLE2_TRACES else (float(part) for part in name.split(":"))
+    return mix(n, density, sharing, cost, seed, long_output_scale=long_output_scale)

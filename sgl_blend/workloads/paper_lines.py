@@ -9,6 +9,11 @@ prompts that share a segment share exactly its tokens, and a line's prompt has t
 workload gave it. Lines are completions with ``ignore_eos`` and ``max_tokens`` set to the
 workload's output length, so output lengths follow the workload on an engine whose forward emits
 no EOS. Same (workload, n, seed), same file.
+
+The paper mixes 40,000 requests, OpenVid's outputs normalised to a 16K mean. A run of ``n`` lines
+scales OpenVid's outputs by ``n / 40,000`` (the mixer then takes more of them to reach the same
+compute density): at 4,000 lines a 16K-token output alone would decode for longer than the whole
+rest of the batch needs, and every order would finish when that one request does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from sgl_blend.workloads.mixer import named_workload
 
 # Enough distinct one-token words that random text shares no accidental prefix beyond a word.
 VOCABULARY_SIZE = 4096
+PAPER_REQUESTS = 40_000
 _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz")
 
 
@@ -60,5 +66,10 @@ def paper_lines(workload: str, n: int, cost: CostModel, model_path: str | Path, 
     """``workload``: ``trace1``..``trace4`` or ``DENSITY:SHARING`` (`mixer.named_workload`), mixed
     for ``cost``'s model and device; text in ``model_path``'s tokenizer."""
     words = one_token_words(str(model_path))
-    for request in named_workload(workload, n, cost, seed):
+    for request in paper_requests(workload, n, cost, seed):
         yield request_line(request, words)
+
+
+def paper_requests(workload: str, n: int, cost: CostModel, seed: int = 0) -> list[SimRequest]:
+    """The workload's requests at ``n`` lines, OpenVid's outputs scaled to the run's size."""
+    return named_workload(workload, n, cost, seed, long_output_scale=min(1.0, n / PAPER_REQUESTS))

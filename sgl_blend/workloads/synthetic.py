@@ -66,8 +66,9 @@ def _lognormal(rng: np.random.Generator, mean: float, sigma: float, n: int, low:
     return np.clip(values.astype(np.int64), low, high)
 
 
-def generate(trace: str, n: int, seed: int = 0) -> list[SimRequest]:
-    """``n`` requests of one trace; rids are ``{trace}-{i}``."""
+def generate(trace: str, n: int, seed: int = 0, long_output_scale: float = 1.0) -> list[SimRequest]:
+    """``n`` requests of one trace; rids are ``{trace}-{i}``. ``long_output_scale`` shrinks
+    OpenVid's frame counts (at least one frame): see `paper_lines` for why a smaller run needs it."""
     shape = SHAPES[trace]
     rng = np.random.default_rng([seed, TRACES.index(trace)])
     system = (chain_hash("", f"{trace}/system"), shape.system_len)
@@ -75,7 +76,7 @@ def generate(trace: str, n: int, seed: int = 0) -> list[SimRequest]:
     if trace == "openvid":
         frames = _lognormal(rng, shape.output_mean / OPENVID_TOKENS_PER_FRAME, shape.output_sigma, n, 1,
                             shape.output_max // OPENVID_TOKENS_PER_FRAME)
-        outputs = frames * OPENVID_TOKENS_PER_FRAME
+        outputs = np.maximum(np.rint(frames * long_output_scale), 1).astype(np.int64) * OPENVID_TOKENS_PER_FRAME
     elif trace == "mmlu":
         outputs = 1 + rng.binomial(4, (shape.output_mean - 1) / 4, n)
     else:

@@ -1,5 +1,6 @@
-"""Two batches taken up together are planned together: one plan over both batches' lines, kept in
-the store, fed to the scheduler in that plan's order through a narrow window.
+"""Two batches taken up together are planned together: the plan made once both are read covers both
+batches' lines (the lines fed while they were read were planned provisionally, in the same rank
+space), kept in the store, fed to the scheduler in rank order through a narrow window.
 
 The runner talks to the shared tiny-llama server (BlendServe policy; on this CPU the plan is the
 prefix tree's DFS with one cursor). Both batches hold lines of the same few-shot families, so
@@ -54,11 +55,14 @@ def test_two_batches_are_planned_together_and_fed_in_plan_order(batch_server: Se
                                          batch_lines.c.plan_rank, batch_lines.c.placement)).mappings().all()
     ranks = {(row["batch_id"], row["line_number"]): row for row in rows}
     assert all(row["plan_rank"] is not None and row["placement"] for row in rows), "the plan is in the store"
-    assert len({row["plan_rank"] for row in rows}) == len(rows), "one plan ranks both batches' lines"
-    in_rank_order = [row["custom_id"] for row in sorted(rows, key=lambda row: row["plan_rank"])]
-    families = [custom_id.split("-")[1] for custom_id in in_rank_order]
+    assert len({row["plan_rank"] for row in rows}) == len(rows), "one rank space over both batches' lines"
+    final = runner.planner.plans[-1]
+    assert not final.provisional
+    jointly = sorted((row for row in rows if row["plan_rank"] >= final.first_rank), key=lambda row: row["plan_rank"])
+    assert {row["batch_id"] for row in jointly} == set(batch_ids), "the last plan ranks both batches' lines"
+    families = [row["custom_id"].split("-")[1] for row in jointly]
     changes = sum(a != b for a, b in zip(families, families[1:]))
-    assert changes == FAMILIES - 1, f"each family's lines of both batches are adjacent: {families}"
+    assert changes <= FAMILIES - 1, f"each family's lines of both batches are adjacent: {families}"
 
     info = http.server_info(batch_server.base_url, API_KEY)
     admissions = info["internal_states"][0]["sgl_blend"]["offline"]["admissions"]

@@ -58,7 +58,7 @@ def test_run_batch_and_the_batch_api_answer_a_file_alike(batch_server: ServerPro
     source = client.files.create(file=("in.jsonl", data), purpose="batch")
     batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     batch = wait_until(client, batch.id)
-    assert batch.status == "completed"
+    assert batch.status == "completed", batch
     api_answers, api_errors = answers(records(client, batch.output_file_id)), records(client, batch.error_file_id)
 
     path = tmp_path / "in.jsonl"
@@ -67,7 +67,7 @@ def test_run_batch_and_the_batch_api_answer_a_file_alike(batch_server: ServerPro
                                    options=JobOptions(max_line_bytes=MAX_LINE_BYTES, show_progress=False))
     job_answers, job_errors = answers(read_jsonl(tmp_path / "out.jsonl")), read_jsonl(tmp_path / "err.jsonl")
 
-    assert sorted(api_answers) == sorted(good_ids) and api_answers == job_answers
+    assert sorted(api_answers) == sorted(good_ids) and api_answers == job_answers, (batch, api_errors)
     hostile_lines = {7 + index: EXPECTED_CODES[name] for index, name in enumerate(HOSTILE)}
     assert errors_by_line(api_errors) == errors_by_line(job_errors) == hostile_lines
     assert (totals.completed, totals.failed) == (len(good_ids), len(HOSTILE))

@@ -12,19 +12,16 @@ from sgl_blend.server.assignment import Slot, split_evenly
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.ids import new_file_id
 from sgl_blend.server.runner import BatchRunner
-from sgl_blend.server.store import BatchStore, FileRow, LineRow
+from sgl_blend.server.store import BatchStore, FileRow
 from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import API_KEY
 from tests.batch.helpers import add_batch, chat_lines, run_until
 
 
 def test_split_evenly_keeps_neighbours_together() -> None:
-    def rows(*numbers: int) -> list[LineRow]:
-        return [LineRow(number, f"id-{number}", 0, 1) for number in numbers]
-
     a, b, c = Slot("a"), Slot("b", 0), Slot("b", 1)
-    assert split_evenly(rows(7, 1, 2, 4, 5), [a, b]) == {a: [1, 2], b: [4, 5, 7]}
-    assert split_evenly(rows(3), [a, b, c]) == {c: [3]}
+    assert split_evenly([7, 1, 2, 4, 5], [a, b]) == {a: [1, 2], b: [4, 5, 7]}
+    assert split_evenly([3], [a, b, c]) == {c: [3]}
     assert split_evenly([], [a]) == {}
 
 

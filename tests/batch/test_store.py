@@ -143,7 +143,7 @@ def test_validation_indexes_lines_and_bad_ones_carry_their_error(store: BatchSto
         (1, "a", None), (3, None, "invalid_json"), (4, None, "duplicate_custom_id"), (5, "c", "invalid_url"),
         (6, "b", None)]
     assert not store.start_batch(batch.id, "runner-a", 5, now=1002)  # a stale second start changes nothing
-    assert not store.clear_lines(batch.id, "runner-a")  # nor does a stale validation
+    assert store.clear_lines(batch.id, "runner-a") is None  # nor does a stale validation
     assert store.get_batch(batch.id).in_progress_at == 1001
     request = PreparedBatch(tmp_path / "prepared").request(lines[4].byte_offset, lines[4].byte_length)
     assert request.url == "/v1/chat/completions" and json.loads(request.body) == chat_line("b")["body"]
@@ -162,7 +162,7 @@ def test_a_rejected_file_leaves_no_lines_behind(store: BatchStore, tmp_path: Pat
         index_batch(store, "runner-a", batch.id, path, tmp_path / "prepared", LineLimits((batch.endpoint,), CHUNK_LINES + 4))
     assert rejected.value.code == "too_many_requests"
     assert not (tmp_path / "prepared").exists()
-    assert store.clear_lines(batch.id, "runner-a")
+    assert store.clear_lines(batch.id, "runner-a") == set()
     assert store.pending_lines(batch.id, after_line=0, limit=10) == []
     store.fail_batch(batch.id, "runner-a", [rejected.value.as_batch_error()], now=1002)
     failed = store.get_batch(batch.id)

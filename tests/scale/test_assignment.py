@@ -23,8 +23,8 @@ def validated(tmp_path: Path, texts: list[str]) -> tuple[list[LineRow], Prepared
     source = tmp_path / "in.jsonl"
     source.write_text("".join(text + "\n" for text in texts))
     writer = PreparedWriter(tmp_path / "prepared")
-    rows = [row for chunk in validate_input(source, LineLimits(SUPPORTED_URLS, 100), writer,
-                                            LineTokenizer(resolve_model_path("tiny-llama")))
+    rows = [row for chunk, _prompts in validate_input(source, LineLimits(SUPPORTED_URLS, 100), writer,
+                                                      LineTokenizer(resolve_model_path("tiny-llama")))
             for row in chunk]
     writer.close()
     return rows, PreparedBatch(tmp_path / "prepared")
@@ -40,7 +40,7 @@ def test_families_stay_whole_and_slots_share_the_work(tmp_path: Path) -> None:
     rows, prepared = validated(tmp_path, [json.dumps(line) for line in lines]
                                + ["{not json", json.dumps({"custom_id": "no-url"})])
     slots = [Slot("http://a", 0), Slot("http://a", 1)]
-    assignment = assigner()(rows, slots, prepared.prompts())
+    assignment = assigner()([row.line_number for row in rows], slots, prepared.prompts())
     assert sorted(number for numbers in assignment.values() for number in numbers) == list(range(1, len(rows) + 1))
     custom_ids = {number: line["custom_id"] for number, line in enumerate(lines, start=1)}
     families_per_slot = {slot: {family_of(custom_ids[n]) for n in numbers if n in custom_ids}
@@ -53,5 +53,4 @@ def test_families_stay_whole_and_slots_share_the_work(tmp_path: Path) -> None:
 
 
 def test_one_slot_takes_every_line_in_file_order() -> None:
-    rows = [LineRow(number, None, 0, 0) for number in (1, 2)]
-    assert assigner()(rows, worker_slots("http://a", 1), {}) == {Slot("http://a"): [1, 2]}
+    assert assigner()([2, 1], worker_slots("http://a", 1), {}) == {Slot("http://a"): [1, 2]}

@@ -1,11 +1,12 @@
 """A 5,000-line shuffled batch planned globally reaches SGLang's scheduler in plan order, from both
 ends, and the scheduler's run replays through the same policy to the same decisions.
 
-The server models a GPU (``--hardware a100-80g``: its measured overlap makes blending pay), so
-BlendServe plans a compute side and a memory side and paces prefill; outputs are a few tokens so
-5,000 lines run in a couple of minutes on this CPU. The plugin records every call SGLang's
-scheduler makes on the policy (the ``record_policy_calls`` setting) and every admission with its
-plan position.
+The job runs on the emulated H100 with Llama-3.1-8B's shapes (`--emulate h100`): SGLang's real
+scheduler, each forward priced, no model computed, so 5,000 lines run in a couple of minutes on
+this CPU. Its measured overlap makes blending pay, so BlendServe plans a compute side and a memory
+side and paces prefill; the KV pool is cut to 8,192 tokens so admission is what the plan decides.
+The plugin records every call SGLang's scheduler makes on the policy (the ``record_policy_calls``
+setting) and every admission with its plan position.
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ from typing import Any
 import pytest
 
 from sgl_blend.workloads.batch_files import write_jsonl
-from sgl_blend.core.cost_model import ModelSpec
+from sgl_blend.core.cost_model import model_spec
 from sgl_blend.core.policy_log import replay
 from sgl_blend.core.psm_policy import make_offline_policy
-from sgl_blend.models.registry import model_dir
 from sgl_blend.jobs.fresh_server import run_on_fresh_server
 from sgl_blend.jobs.run_batch import JobOptions, JobTotals
 from sgl_blend.sglang_plugin.settings import configured_hardware
 from tests.conftest import free_port
 
 LINES = 5000
-HARDWARE = "a100-80g"
+MODEL, DEVICE, HARDWARE = "llama-3.1-8b", "h100", "h100-sxm"
+CHUNK = 8192  # SGLang's chunked-prefill size on an 80 GB GPU, which the emulated server gets
 
 
 def shuffled_batch(n: int = LINES, families: int = 40, seed: int = 0) -> list[dict]:
@@ -52,9 +53,9 @@ def shuffled_batch(n: int = LINES, families: int = 40, seed: int = 0) -> list[di
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobTotals, dict[str, Any]]:
     root = tmp_path_factory.mktemp("plan-order")
     batch_file = write_jsonl(root / "batch.jsonl", shuffled_batch())
-    return run_on_fresh_server("tiny-llama", "blendserve", batch_file, root / "out.jsonl", root / "errors.jsonl",
+    return run_on_fresh_server(MODEL, "blendserve", batch_file, root / "out.jsonl", root / "errors.jsonl",
                                sglang_args=["--port", str(free_port()), "--max-total-tokens", "8192"],
-                               hardware=HARDWARE, server_log=root / "server.log",
+                               emulate=DEVICE, server_log=root / "server.log",
                                options=JobOptions(max_inflight=256, show_progress=False),
                                settings_overrides={"record_policy_calls": True})
 
@@ -85,14 +86,12 @@ def test_lines_are_admitted_in_plan_order_from_both_ends(run: tuple[JobTotals, d
 
 def test_prefill_is_capped_by_the_policys_budget(run: tuple[JobTotals, dict[str, Any]]) -> None:
     caps = [admission[5] for admission in run[1]["offline"]["admissions"]]
-    chunk = 4096  # SGLang's CPU default chunk: a paced iteration must admit far less
-    assert all(cap is not None for cap in caps) and min(caps) < chunk // 4, sorted(set(caps))[:10]
+    assert all(cap is not None for cap in caps) and min(caps) < CHUNK // 4, sorted(set(caps))[:10]
 
 
 def test_the_scheduler_run_replays_to_the_same_decisions(run: tuple[JobTotals, dict[str, Any]]) -> None:
     calls = run[1]["offline"]["policy_calls"]
     assert calls[0][0] == "capacity" and any(call[0] == "budget" for call in calls)
-    model = ModelSpec.from_hf_dir(model_dir("tiny-llama"))
-    fresh = make_offline_policy("blendserve", model, configured_hardware(1, HARDWARE))
+    fresh = make_offline_policy("blendserve", model_spec(MODEL), configured_hardware(1, HARDWARE))
     mismatches = replay(calls, fresh)
     assert mismatches == [], json.dumps(mismatches[:5])
