@@ -72,12 +72,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run(policy: str, batch_file: Path, work: Path, measure_rss: bool) -> dict:
-    """One `sgl-blend run-batch` as a user runs it; its summary (and the job process's peak RSS)."""
+def run(policy: str, batch_file: Path, work: Path, measure_rss: bool, lock: Path | None = None) -> dict:
+    """One `sgl-blend run-batch` as a user runs it; its summary (and the job process's peak RSS).
+    ``lock``: a file to hold with flock while it runs, so runs on a shared machine take turns."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     summary_path = work / "summary.json"
-    command = [sys.executable, "-m", "sgl_blend.cli", "run-batch", "-i", str(batch_file), "-o", str(work / "out.jsonl"),
+    command = [*(["flock", str(lock)] if lock else []), sys.executable, "-m", "sgl_blend.cli", "run-batch", "-i", str(batch_file), "-o", str(work / "out.jsonl"),
                "--model", MODEL, "--emulate", DEVICE, "--policy", policy, "--no-progress",
                "--summary-json", str(summary_path), "--port", str(free_port())]
     started = time.monotonic()
@@ -86,7 +87,7 @@ def run(policy: str, batch_file: Path, work: Path, measure_rss: bool) -> dict:
     while job.poll() is None:
         if measure_rss:
             try:
-                peak = max(peak, psutil.Process(job.pid).memory_info().rss)
+                peak = max(peak, _job_rss(job.pid))
             except psutil.NoSuchProcess:
                 pass
         time.sleep(RSS_POLL_S)
@@ -97,6 +98,15 @@ def run(policy: str, batch_file: Path, work: Path, measure_rss: bool) -> dict:
     if measure_rss:
         summary["job_peak_rss_gib"] = round(peak / 2**30, 3)
     return summary
+
+
+def _job_rss(pid: int) -> int:
+    """The run-batch process's RSS (under flock, its child): the job's own, not its server's."""
+    process = psutil.Process(pid)
+    if process.name() == "flock":
+        children = process.children()
+        process = children[0] if children else process
+    return process.memory_info().rss
 
 
 def judged(results: dict) -> dict:
@@ -174,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--rss", action="store_true", help="also record the job process's peak RSS")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--lock", type=Path, default=None, help="flock this file around each run (shared machine)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/sgl-blend-shipped-path"))
     args = parser.parse_args(argv)
     out = args.out or RESULTS / f"shipped_path_{args.lines}.json"
@@ -187,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         for policy in args.policies.split(","):
             if policy in entry["runs"]:
                 continue
-            entry["runs"][policy] = run(policy, batch_file, args.work / "runs" / f"{workload}-{policy}", args.rss)
+            entry["runs"][policy] = run(policy, batch_file, args.work / "runs" / f"{workload}-{policy}", args.rss,
+                                        args.lock)
             out.write_text(json.dumps(results, indent=2) + "\n")
             print(f"{workload} {policy}: {entry['runs'][policy]['seconds']} s, "
                   f"{entry['runs'][policy]['tokens_per_s']} tok/s", flush=True)
