@@ -3,7 +3,8 @@ through ``/v1/files`` + ``/v1/batches`` (the official `openai` client), once per
 each on a freshly started server with the same KV pool, chunk, engine flags and in-flight window.
 
 With ``blendserve`` and ``dfs`` the server's runner plans both batches' lines together and feeds
-them in plan order; ``lpm`` and ``fcfs`` are SGLang's own orderings over the runner's window.
+them in plan order; ``fcfs`` is the plugin's arrival order; ``lpm``, ``sglang-fcfs`` and
+``sglang-dfs-weight`` are SGLang's own orderings over the runner's window (`core.policy_registry`).
 Cached tokens are SGLang's own, summed from the batches' ``usage``; time is from the first
 ``create`` to the last batch's ``completed``. Writes ``bench/results/batch_api.json`` and a plot.
 

@@ -4,7 +4,8 @@ An evaluation-style batch (shared-prefix few-shot families with short and long o
 unique ShareGPT prompts, shuffled) runs once per policy on a freshly started server with the same
 KV pool, chunk and engine flags, so throughput and SGLang's own ``cached_tokens`` are compared as
 ratios inside one run of this command. ``dfs`` is the exact global DFS order (the whole batch
-planned, fed in order); ``lpm`` and ``fcfs`` are SGLang's own orderings over the same window.
+planned, fed in order); ``fcfs`` is the plugin's arrival order; ``lpm``, ``sglang-fcfs`` and
+``sglang-dfs-weight`` are SGLang's own orderings over the same window (`core.policy_registry`).
 The blendserve run is repeated at each ``--window-check`` in-flight window to show the plan, not
 the window, decides what the scheduler admits. Writes ``bench/results/real_engine.json`` and a
 bar chart beside it.
@@ -46,7 +47,7 @@ def ratios(results: list[dict], window: int) -> dict:
     out = {}
     ours = main.get("blendserve")
     if ours:
-        for other in ("dfs", "lpm", "fcfs"):
+        for other in ("dfs", "fcfs", "lpm", "sglang-fcfs", "sglang-dfs-weight"):
             if other in main:
                 out[f"cached_vs_{other}"] = round(ours["cached_tokens"] / max(main[other]["cached_tokens"], 1), 4)
                 out[f"tokens_per_s_vs_{other}"] = round(ours["tokens_per_s"] / max(main[other]["tokens_per_s"], 1e-9), 4)
@@ -92,7 +93,7 @@ def workload_parser(description: str, port: int, out: Path) -> argparse.Argument
     parser.add_argument("--families", type=int, default=32)
     parser.add_argument("--window", type=int, default=32, help="in-flight lines for every policy")
     parser.add_argument("--kv-tokens", type=int, default=8192)
-    parser.add_argument("--policies", default="blendserve,dfs,lpm,fcfs")
+    parser.add_argument("--policies", default="blendserve,dfs,fcfs,lpm,sglang-fcfs,sglang-dfs-weight")
     parser.add_argument("--port", type=int, default=port)
     parser.add_argument("--out", type=Path, default=out)
     return parser
