@@ -29,11 +29,15 @@ from sgl_blend.core.scan_load import Load
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
 from sgl_blend.core.placement import MEMORY, SAMPLE, Placement
 from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, Planner
-from sgl_blend.core.prefix_tree import PrefixTree
+from sgl_blend.core.prefix_tree import Node, PrefixTree
 from sgl_blend.core.protocol import OfflineRequest
 
 REPLAN_FRACTION = 0.05
 SAMPLE_SIDE = SAMPLE
+# SGLang's own threshold for holding back a request whose prefix another request of the same
+# batch is about to compute (``IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD`` in
+# ``schedule_policy.py``, applied there by LPM only): shorter shared prefixes are recomputed.
+IN_BATCH_PREFIX_TOKENS = 32
 
 
 class PlannedPolicy(ABC):
@@ -42,6 +46,9 @@ class PlannedPolicy(ABC):
     name = "planned"
     default_sample_rate = 0.0
     paces_prefill = False
+    # Whether a request waits one iteration for a shared prefix another request admitted in the
+    # same iteration computes (see `_prefix_in_flight`).
+    computes_prefixes_once = False
 
     def __init__(self, cost_model: CostModel, *, seed: int = 0, replan_fraction: float = REPLAN_FRACTION,
                  sample_rate: float | None = None, paced: bool | None = None) -> None:
@@ -71,6 +78,7 @@ class PlannedPolicy(ABC):
         self._placement: dict[int, Placement] = {}
         self.scanner: DualScanner | None = None
         self.last_plan: Plan | None = None
+        self._iteration = 0
         self.plans = 0
 
     def set_kv_capacity(self, kv_tokens: int) -> None:
@@ -190,6 +198,39 @@ class PlannedPolicy(ABC):
     def advance(self, iterations: int) -> None:
         if self.scanner is not None:
             self.scanner.advance(iterations)
+        self._iteration += iterations
+
+    def _shared_path(self, index: int) -> list[Node]:
+        """The nodes of a request's prompt it shares with other requests (its own node too when
+        another request ends there or below it)."""
+        path = self.tree.path(self.tree.node_of[index])[1:]
+        return path if path and path[-1].count > 1 else path[:-1]
+
+    def _prefix_in_flight(self, index: int, tentative: set[int]) -> bool:
+        """Whether enough of the request's shared prefix is being computed in this iteration by
+        another request (admitted already, or ``tentative``: proposed before it) that it should wait
+        an iteration and find it cached. SGLang takes a prefix into its radix tree after the forward
+        that computed it, so two requests admitted together would both compute it; the paper's
+        engine computes a shared prefix exactly once per batch."""
+        in_flight = sum(node.edge_len for node in self._shared_path(index)
+                        if node.first_admitted == self._iteration or id(node) in tentative)
+        return in_flight >= IN_BATCH_PREFIX_TOKENS
+
+    def _once_per_prefix(self, chosen: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        """``chosen`` less every request whose shared prefix is in flight, and what its side
+        proposed after it (a side's order is kept)."""
+        tentative: set[int] = set()
+        held: set[str] = set()
+        kept = []
+        for index, side in chosen:
+            if side in held:
+                continue
+            if side != SAMPLE_SIDE and self._prefix_in_flight(index, tentative):
+                held.add(side)
+                continue
+            tentative.update(id(node) for node in self._shared_path(index) if node.first_admitted < 0)
+            kept.append((index, side))
+        return kept
 
     @abstractmethod
     def _order(self, include: Callable[[int], bool]) -> Plan:
@@ -208,12 +249,18 @@ class PlannedPolicy(ABC):
             self._plan()
         if self.scanner is not None and len(chosen) < max_requests:
             chosen += self.scanner.propose(free, max_requests - len(chosen))
+        if self.computes_prefixes_once:
+            chosen = self._once_per_prefix(chosen)
         self._proposed = dict(chosen)
         return [self._requests[index] for index, _side in chosen]
 
     def admitted(self, rids: Iterable[str]) -> None:
         for rid in rids:
             index = self._index[rid]
+            if self.computes_prefixes_once:
+                for node in self._shared_path(index):
+                    if node.first_admitted < 0:
+                        node.first_admitted = self._iteration
             side = self._proposed.pop(index, COMPUTE)
             self._pending.discard(index)
             self._running.add(index)
@@ -295,6 +342,7 @@ class BlendServePolicy(PlannedPolicy):
     name = "blendserve"
     default_sample_rate = DEFAULT_SAMPLE_RATE
     paces_prefill = True
+    computes_prefixes_once = True
 
     def __init__(self, cost_model: CostModel, *, split_threshold: float = DEFAULT_SPLIT_THRESHOLD, **kwargs) -> None:
         self.split_threshold = split_threshold
@@ -325,6 +373,7 @@ def _dfs_plan(tree: PrefixTree, include: Callable[[int], bool]) -> Plan:
 
 class DFSPolicy(PlannedPolicy):
     name = "dfs"
+    computes_prefixes_once = True
 
     def _order(self, include: Callable[[int], bool]) -> Plan:
         return _dfs_plan(self.tree, include)

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 class Node:
     __slots__ = (
         "parent", "children", "source", "start", "end", "requests",
-        "count", "comp", "mem", "prompt_tokens", "saved", "sample_count", "sample_sum",
+        "count", "comp", "mem", "prompt_tokens", "saved", "sample_count", "sample_sum", "first_admitted",
     )
 
     def __init__(self, parent: Node | None, source: array, start: int, end: int) -> None:
@@ -37,6 +37,9 @@ class Node:
         self.saved = 0
         self.sample_count = 0
         self.sample_sum = 0
+        # the engine iteration in which a request through this node was first admitted (its
+        # tokens computed then), or -1: a policy's runtime record, kept on the node it describes
+        self.first_admitted = -1
 
     @property
     def edge_len(self) -> int:
@@ -124,7 +127,7 @@ class PrefixTree:
         child.parent = upper
         child.start += at
         upper.children[child.source[child.start]] = child
-        for field in ("count", "comp", "mem", "prompt_tokens", "sample_count", "sample_sum"):
+        for field in ("count", "comp", "mem", "prompt_tokens", "sample_count", "sample_sum", "first_admitted"):
             setattr(upper, field, getattr(child, field))
         upper.saved = child.saved
         child.saved -= at * max(child.count - 1, 0)

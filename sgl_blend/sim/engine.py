@@ -10,8 +10,8 @@ scheduler does it:
    for ``ignore_eos`` requests); the engine admits a prefix of its proposal, stopping at the first
    request whose prompt plus its own unscaled reserve ``min(max_new - decoded, 4096)`` does not
    fit (``PrefillAdder.add_one_req``), or once this iteration's prefill room is used.
-   Shared prompt segments come from the radix cache when resident (LRU eviction of unreferenced
-   ones makes room).
+   Shared prompt segments come from the radix cache when resident and computed by an earlier
+   forward (LRU eviction of unreferenced ones makes room).
 2. One mixed step: every decoding request produces a token; prefill chunks -- the one carried
    over first, then the new ones, the last possibly cut -- fill the prefill room, and a request
    whose prefill completes produces its first token in the same step (so a request of ``d``
@@ -307,6 +307,7 @@ class _Run:
         self.iterations += steps
         self.trace.add(steps, comp, mem)
         self.ratio = max(MIN_NEW_TOKEN_RATIO, self.ratio - self.engine._ratio_decay * steps)
+        self.cache.advance(steps)
         self.policy.advance(steps)
 
     def _make_room(self, decoding: np.ndarray) -> np.ndarray:

@@ -8,6 +8,11 @@ always evicted before its parent and the tree never holds an orphan. Sizes are w
 SGLang allocates them; a running request's private tokens (unique tail and output) are the
 engine's.
 
+A segment becomes a hit only from the iteration after the one that inserted it: SGLang inserts a
+request's prefix into its radix tree after the forward that computed it, so two requests admitted
+in the same iteration with a prefix nobody has computed both compute it (their KV is shared here,
+as SGLang's tree dedups it on insert).
+
 When a request finishes, SGLang's radix cache keeps its whole sequence -- unique tail and output
 included -- as evictable leaves, not just the shared prefix. No later request reuses those
 tokens, but they occupy memory and sit in the same LRU: `retain` inserts them (before the chain
@@ -25,11 +30,12 @@ from sgl_blend.sim.workload import Segment
 
 
 class _Node:
-    __slots__ = ("length", "refs")
+    __slots__ = ("length", "refs", "ready")
 
-    def __init__(self, length: int) -> None:
+    def __init__(self, length: int, ready: int = 0) -> None:
         self.length = length
         self.refs = 0
+        self.ready = ready
 
 
 class RadixKVCache:
@@ -37,6 +43,7 @@ class RadixKVCache:
         self.page_size = page_size
         self.used = 0
         self.evictable = 0
+        self.iteration = 0
         self._nodes: dict[str, _Node] = {}
         self._lru: OrderedDict[str, None] = OrderedDict()
 
@@ -44,11 +51,16 @@ class RadixKVCache:
         """Tokens rounded up to whole pages: what an allocation really takes."""
         return -(-tokens // self.page_size) * self.page_size
 
+    def advance(self, iterations: int) -> None:
+        """The engine ran ``iterations`` forwards: what they computed is in the tree now."""
+        self.iteration += iterations
+
     def cached_prefix(self, prefix: Sequence[Segment]) -> int:
-        """Tokens of ``prefix`` already resident, from the start of the chain."""
+        """Tokens of ``prefix`` already computed and resident, from the start of the chain."""
         hit = 0
         for key, length in prefix:
-            if key not in self._nodes:
+            node = self._nodes.get(key)
+            if node is None or node.ready > self.iteration:
                 break
             hit += length
         return hit
@@ -64,10 +76,12 @@ class RadixKVCache:
             node = self._nodes.get(key)
             if node is None:
                 hitting = False
-                node = self._nodes[key] = _Node(self.pages(length))
+                node = self._nodes[key] = _Node(self.pages(length), self.iteration + 1)
                 self.used += node.length
-            elif hitting:
+            elif hitting and node.ready <= self.iteration:
                 hit += length
+            else:
+                hitting = False
             if node.refs == 0 and key in self._lru:
                 del self._lru[key]
                 self.evictable -= node.length

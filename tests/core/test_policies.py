@@ -93,3 +93,22 @@ def test_withdrawn_requests_are_never_proposed(name: str) -> None:
 def test_unknown_policy_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown offline policy"):
         make_policy("lifo", BUILTIN_MODELS["llama-3.1-8b"], HardwareSpec.resolve("a100-80g"))
+
+
+@pytest.mark.parametrize("name", ["dfs", "blendserve"])
+def test_a_shared_prefix_is_computed_once_not_by_every_request_admitted_with_it(name: str) -> None:
+    """SGLang caches a prefix only after the forward that computes it: of a family's requests,
+    one goes first, and the rest follow an iteration later, when the prefix is cached; a prefix
+    shorter than SGLang's in-batch threshold is not worth the wait."""
+    family = [1] * 500
+    requests = [OfflineRequest(f"f{index}", family + [100 + index], 4, True) for index in range(6)]
+    requests += [OfflineRequest(f"s{index}", [2] * 8 + [200 + index], 4, True) for index in range(3)]
+    policy = make_policy(name, BUILTIN_MODELS["llama-3.1-8b"], HardwareSpec.resolve("cpu"))
+    policy.set_kv_capacity(10**6)
+    policy.submit(requests)
+    first = [request.rid for request in policy.propose(10**6, 100)]
+    assert sum(rid.startswith("f") for rid in first) == 1
+    policy.admitted(first)
+    policy.advance(1)
+    second = [request.rid for request in policy.propose(10**6, 100)]
+    assert sorted(first + second) == sorted(request.rid for request in requests)

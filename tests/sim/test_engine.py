@@ -116,13 +116,27 @@ def test_retraction_under_memory_pressure_still_completes_everything() -> None:
     assert result.finished == {r.rid: 3000 for r in requests}
 
 
-def test_dfs_keeps_the_maximal_sharing_that_random_order_loses() -> None:
+def test_dfs_keeps_the_sharing_that_random_order_loses_and_no_order_beats_t_o() -> None:
     requests = small_mix(600, seed=2)
     config = EngineConfig(kv_capacity=30000)
     dfs = simulate(requests, "dfs", MODEL, HARDWARE, INTERFERENCE, config=config)
+    shuffled = simulate(requests, "fcfs-shuffled", MODEL, HARDWARE, INTERFERENCE, config=config)
     bound = workload_bound(requests, COST, INTERFERENCE)
-    assert dfs.sharing_ratio == pytest.approx(bound.sharing, rel=0.02)
-    assert dfs.seconds >= bound.t_o
+    assert shuffled.sharing_ratio < dfs.sharing_ratio <= bound.sharing
+    assert dfs.seconds >= bound.t_o and shuffled.seconds >= bound.t_o
+
+
+def test_a_prefix_is_a_hit_only_after_the_forward_that_computed_it() -> None:
+    """As in SGLang, whose radix tree takes a prefix in after the forward that computed it: two
+    requests admitted in one iteration both compute their common prefix; one admitted later hits."""
+    prefix = ((chain_hash("", "few-shot"), 400),)
+    together = [SimRequest(f"t{i}", "t", prefix, 10, 5, 5, True) for i in range(2)]
+    assert simulate(together, "fcfs", MODEL, HARDWARE, INTERFERENCE).cached_tokens == 0
+    cache = RadixKVCache()
+    assert cache.acquire(prefix) == 0 and cache.cached_prefix(prefix) == 0
+    assert cache.acquire(prefix) == 0, "the same iteration: not computed yet"
+    cache.advance(1)
+    assert cache.cached_prefix(prefix) == 400 and cache.acquire(prefix) == 400
 
 
 def test_radix_cache_evicts_unreferenced_segments_children_first() -> None:
@@ -131,6 +145,7 @@ def test_radix_cache_evicts_unreferenced_segments_children_first() -> None:
     child = (chain_hash(parent[0], "shot"), 40)
     assert cache.acquire((parent, child)) == 0
     assert cache.used == 32 + 48
+    cache.advance(1)
     assert cache.acquire((parent, child)) == 60
     cache.release((parent, child))
     assert cache.evictable == 0
@@ -188,23 +203,23 @@ def prefix_families(families: int = 30, per_family: int = 8) -> list[SimRequest]
 
 def test_a_scattered_order_loses_sharing_to_eviction_when_kv_is_small() -> None:
     """Finished tails stay cached (as in SGLang's radix tree) and push a family's prefix out of
-    the LRU before a scattered order comes back to it; DFS keeps each family resident. With KV
-    to spare nothing is evicted and every order shares alike."""
+    the LRU before a scattered order comes back to it; DFS keeps each family resident (it loses
+    only what members admitted together recompute). With KV to spare nothing is evicted."""
     requests = prefix_families()
     best = workload_bound(requests, COST, INTERFERENCE).sharing
     small, large = EngineConfig(kv_capacity=8000), EngineConfig(kv_capacity=200_000)
     dfs = simulate(requests, "dfs", MODEL, HARDWARE, INTERFERENCE, config=small)
     scattered = simulate(requests, "fcfs-shuffled", MODEL, HARDWARE, INTERFERENCE, config=small)
     roomy = simulate(requests, "fcfs-shuffled", MODEL, HARDWARE, INTERFERENCE, config=large)
-    assert dfs.sharing_ratio == pytest.approx(best, rel=0.01)
     assert scattered.sharing_ratio < 0.6 * dfs.sharing_ratio
-    assert roomy.sharing_ratio == pytest.approx(best, rel=0.01)
+    assert roomy.sharing_ratio == pytest.approx(best, rel=0.05)
 
 
 def test_a_finished_tail_is_cached_evictable_and_goes_before_its_prefix() -> None:
     cache = RadixKVCache()
     prefix = ((chain_hash("", "sys"), 100),)
     cache.acquire(prefix)
+    cache.advance(1)
     assert cache.retain("tail/r0", 30) == 30
     cache.release(prefix)
     assert (cache.used, cache.evictable) == (130, 130)
