@@ -3,9 +3,10 @@ error line shapes.
 
 One bad line must fail only itself, so parsing never raises: whatever the bytes (invalid UTF-8, a
 document nested a hundred thousand deep, a number of five thousand digits, a line over the size
-limit) it returns either a runnable `BatchLine` or a `LineError` with the code the error file will
-carry. A line is parsed once, when its batch is validated: its body is then kept as the bytes of
-the request it becomes (`PreparedRequest`), which is sent without being decoded again.
+limit, a body SGLang's request model refuses or one over the caps of `bodies`) it returns either a
+runnable `BatchLine` or a `LineError` with the code the error file will carry. A line is parsed
+once, when its batch is validated: its body is then kept as the bytes of the request it becomes
+(`PreparedRequest`), which is sent without being decoded again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from sgl_blend.batch_lines.bodies import BodyCaps, body_problem
 
 SUPPORTED_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 # `sgl-blend run-batch` takes a `vllm run-batch` file as it is: chat and completion lines mixed.
@@ -30,10 +33,13 @@ DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 
 @dataclass(frozen=True)
 class BatchLine:
+    """A runnable line: its body as parsed, and as the request it is sent as."""
+
     line_number: int
     custom_id: str
     url: str
     body: dict[str, Any]
+    request: PreparedRequest
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class LineError:
 
 
 def parse_line(raw: bytes | str, line_number: int, allowed_urls: tuple[str, ...] = SUPPORTED_URLS,
-               max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> BatchLine | LineError:
+               max_bytes: int = DEFAULT_MAX_LINE_BYTES, caps: BodyCaps = BodyCaps()) -> BatchLine | LineError:
     if len(raw) > max_bytes:
         return line_too_long(line_number, max_bytes)
     try:
@@ -77,7 +83,14 @@ def parse_line(raw: bytes | str, line_number: int, allowed_urls: tuple[str, ...]
         return LineError(line_number, custom_id, "invalid_body", f"body for {url} needs {REQUIRED_BODY_FIELD[url]!r}")
     if body.get("stream"):
         return LineError(line_number, custom_id, "invalid_body", "stream is not supported in a batch line")
-    return BatchLine(line_number, custom_id, url, body)
+    try:
+        request = _encode(url, body)
+    except (RecursionError, ValueError) as error:
+        return LineError(line_number, custom_id, "invalid_body", f"the body cannot be encoded: {error}")
+    problem = body_problem(url, request.body, caps)
+    if problem is not None:
+        return LineError(line_number, custom_id, "invalid_body", problem)
+    return BatchLine(line_number, custom_id, url, body, request)
 
 
 def read_lines(path: Path, urls: tuple[str, ...] = RUN_BATCH_URLS) -> Iterator[BatchLine | LineError]:
@@ -136,10 +149,15 @@ class PreparedRequest:
 
 
 def prepare(line: BatchLine) -> PreparedRequest:
-    """The request a parsed line becomes. NaN and infinities stay as the line wrote them: the engine
-    judges them, and its answer is the line's result."""
-    body = {name: value for name, value in line.body.items() if name not in EXECUTOR_FIELDS}
-    return PreparedRequest(line.url, json.dumps(body, ensure_ascii=False).encode())
+    """The request a parsed line becomes (encoded once, when it was parsed)."""
+    return line.request
+
+
+def _encode(url: str, body: dict[str, Any]) -> PreparedRequest:
+    """The body without the executor's fields, as JSON bytes. NaN and infinities stay as the line
+    wrote them: the engine judges them, and its answer is the line's result."""
+    kept = {name: value for name, value in body.items() if name not in EXECUTOR_FIELDS}
+    return PreparedRequest(url, json.dumps(kept, ensure_ascii=False).encode())
 
 
 def new_line_id() -> str:
