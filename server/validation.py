@@ -24,7 +24,9 @@ from sgl_blend.batch_lines.lines import (DEFAULT_MAX_LINE_BYTES, BatchLine, Line
 from sgl_blend.server.prepared import PreparedWriter
 from sgl_blend.server.store import BatchStore, LineRow
 
-# Lines tokenised in one call of the fast tokenizer, and rows handed to the store at once.
+# Lines tokenised in one call of the fast tokenizer, and rows handed to the store (and the feed)
+# at once: the first chunk small, so the engine gets its first lines at once, then doubling.
+FIRST_CHUNK_LINES = 128
 CHUNK_LINES = 1024
 _READ = 1 << 16
 
@@ -98,14 +100,15 @@ def validate_input(path: Path, limits: LineLimits, writer: PreparedWriter, token
     repeated after one of them is still found."""
     seen: set[str] = set()
     chunk: list[tuple[LineRow, BatchLine | None]] = []
+    size = FIRST_CHUNK_LINES
     with path.open("rb") as handle:
         for number, raw in _lines(handle, limits.max_line_bytes):
             parsed = line_too_long(number, limits.max_line_bytes) if raw is None \
                 else parse_line(raw, number, limits.urls, limits.max_line_bytes, limits.caps)
             chunk.append(_row(parsed, seen, None if number in done else writer))
-            if len(chunk) >= CHUNK_LINES:
+            if len(chunk) >= size:
                 yield _finish_chunk(chunk, writer, tokenizer)
-                chunk = []
+                chunk, size = [], min(2 * size, CHUNK_LINES)
     if chunk:
         yield _finish_chunk(chunk, writer, tokenizer)
 
