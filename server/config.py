@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sgl_blend.batch_lines.bodies import DEFAULT_MAX_N, DEFAULT_MAX_TOKENS
 from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES
 
 CONFIG_ENV = "SGLBLEND_BATCH_API"
@@ -33,7 +34,10 @@ def default_data_dir() -> Path:
 class BatchApiConfig:
     """``store_url`` empty means SQLite in ``data_dir``. ``workers``: other servers' base URLs that
     this server's batch runner also sends lines to (it always uses itself); ``worker_grace_s``: how
-    long a worker may stay unreachable before its unfinished lines move to the others."""
+    long a worker may stay unreachable before its unfinished lines move to the others.
+    ``api_keys``: the Batch API's own user keys (beside SGLang's ``--api-key``); ``cors_origins``:
+    the web origins browsers may call the Batch API from; ``max_n`` and ``max_tokens``: the caps
+    on what one line may ask for (`batch_lines.bodies`)."""
 
     data_dir: Path = field(default_factory=default_data_dir)
     store_url: str = ""
@@ -43,6 +47,10 @@ class BatchApiConfig:
     max_inflight: int | None = None
     workers: tuple[str, ...] = ()
     worker_grace_s: float = DEFAULT_WORKER_GRACE_S
+    api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    max_n: int = DEFAULT_MAX_N
+    max_tokens: int = DEFAULT_MAX_TOKENS
 
     def to_env(self) -> dict[str, str]:
         values = asdict(self)
@@ -57,5 +65,6 @@ class BatchApiConfig:
             return None
         values = json.loads(text)
         values["data_dir"] = Path(values["data_dir"])
-        values["workers"] = tuple(values.get("workers", ()))
+        for name in ("workers", "api_keys", "cors_origins"):
+            values[name] = tuple(values.get(name, ()))
         return cls(**values)

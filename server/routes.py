@@ -1,24 +1,29 @@
-"""The HTTP surface: OpenAI's Files and Batches routes, on SGLang's own FastAPI app.
+"""The HTTP surface: OpenAI's Files and Batches routes, served in front of SGLang's own app.
 
 Handlers only check the request and touch the store; the runner does the work and is woken when a
 batch is created or cancelled. Store calls run in worker threads, so a commit's fsync never
-stalls the event loop that also serves SGLang's online routes. Authentication is SGLang's own
-``--api-key`` middleware, which covers every route of the app, these included.
+stalls the event loop that also serves SGLang's online routes. Every handler first names its
+caller (`server.auth`): what a caller creates is recorded as theirs, and what they read, list,
+delete or cancel goes through their owner filter, so another key's object is a 404. Every body is
+bounded: uploads part by part (`server.uploads`), a batch request at `MAX_JSON_BODY_BYTES`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import re
 import time
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Callable
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from sgl_blend.batch_lines.lines import SUPPORTED_URLS
+from sgl_blend.server.auth import BatchKeys, Caller
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.server.errors import ApiError, not_found
@@ -30,6 +35,8 @@ from sgl_blend.server.uploads import BadUpload, UploadTooLarge, receive_upload
 INPUT_PURPOSE = "batch"
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 MIN_EXPIRES_AFTER_S, MAX_EXPIRES_AFTER_S = 3600, 30 * 24 * 3600
+# A batch request is a few ids, a window and at most 16 metadata pairs: a few kilobytes.
+MAX_JSON_BODY_BYTES = 64 * 1024
 _WINDOW = re.compile(r"(\d+)([smh])")
 _WINDOW_UNIT_S = {"s": 1, "m": 60, "h": 3600}
 
@@ -42,12 +49,16 @@ class ApiContext:
     wake_runner: Callable[[], None]
 
 
-def build_router(context: ApiContext) -> APIRouter:
-    router = APIRouter()
+def build_router(context: ApiContext, keys: BatchKeys) -> APIRouter:
+    def caller(request: Request) -> Caller:
+        return keys.caller(request.headers.get("authorization"))
+
+    # On the router too, so that no route of it can be reached without a key by forgetting ``who``.
+    router = APIRouter(dependencies=[Depends(caller)])
     store, blobs, config = context.store, context.blobs, context.config
 
     @router.post("/v1/files")
-    async def create_file(request: Request) -> dict:
+    async def create_file(request: Request, who: Caller = Depends(caller)) -> dict:
         file_id = new_file_id()
         partial = blobs.partial_path(file_id)
         try:
@@ -61,10 +72,10 @@ def build_router(context: ApiContext) -> APIRouter:
             row = FileRow(file_id, purpose, _safe_filename(upload.filename), upload.bytes, now,
                           now + expires_after if expires_after else None)
             await asyncio.to_thread(blobs.publish_partial, file_id)
-            await asyncio.to_thread(store.add_file, row)
-        except UploadTooLarge:
-            raise ApiError(413, f"the file is larger than this server's limit of {config.max_file_bytes} bytes",
-                           code="file_too_large", param="file") from None
+            await asyncio.to_thread(functools.partial(store.add_file, row, owner=who.owner))
+        except UploadTooLarge as error:
+            raise ApiError(413, str(error), code="file_too_large" if error.param == "file" else "form_field_too_large",
+                           param=error.param) from None
         except BadUpload as error:
             raise ApiError(400, str(error), param="file") from None
         finally:
@@ -72,32 +83,32 @@ def build_router(context: ApiContext) -> APIRouter:
         return file_object(row)
 
     @router.get("/v1/files")
-    async def list_files(request: Request) -> dict:
+    async def list_files(request: Request, who: Caller = Depends(caller)) -> dict:
         query = request.query_params
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise ApiError(400, "order must be 'asc' or 'desc'", param="order")
         limit = _limit(query.get("limit"), default=10_000, maximum=10_000)
         rows, more = await _page(store.list_files, after=query.get("after"), limit=limit, order=order,
-                                 purpose=query.get("purpose"))
+                                 purpose=query.get("purpose"), owner=who.scope)
         return list_object([file_object(row) for row in rows], more)
 
     @router.get("/v1/files/{file_id}")
-    async def retrieve_file(file_id: str) -> dict:
-        return file_object(await _file(store, file_id))
+    async def retrieve_file(file_id: str, who: Caller = Depends(caller)) -> dict:
+        return file_object(await _file(store, file_id, who))
 
     @router.get("/v1/files/{file_id}/content")
-    async def file_content(file_id: str) -> StreamingResponse:
-        row = await _file(store, file_id)
+    async def file_content(file_id: str, who: Caller = Depends(caller)) -> StreamingResponse:
+        row = await _file(store, file_id, who)
         return StreamingResponse(blobs.iter_content(row.id, row.bytes), media_type="application/octet-stream",
                                  headers={"Content-Length": str(row.bytes)})
 
     @router.delete("/v1/files/{file_id}")
-    async def delete_file(file_id: str) -> dict:
+    async def delete_file(file_id: str, who: Caller = Depends(caller)) -> dict:
         if not is_file_id(file_id):
             raise not_found("file", file_id)
         try:
-            row = await asyncio.to_thread(store.delete_file, file_id)
+            row = await asyncio.to_thread(functools.partial(store.delete_file, file_id, owner=who.scope))
         except Conflict as error:
             raise ApiError(409, str(error), code="file_in_use") from None
         if row is None:
@@ -106,7 +117,7 @@ def build_router(context: ApiContext) -> APIRouter:
         return {"id": file_id, "object": "file", "deleted": True}
 
     @router.post("/v1/batches")
-    async def create_batch(request: Request) -> dict:
+    async def create_batch(request: Request, who: Caller = Depends(caller)) -> dict:
         body = await _json_object(request)
         input_file_id = body.get("input_file_id")
         if not isinstance(input_file_id, str):
@@ -119,7 +130,7 @@ def build_router(context: ApiContext) -> APIRouter:
         window_s = _window_seconds(window)
         metadata = _metadata(body.get("metadata"))
         output_expires_after = _expires_after(body.get("output_expires_after"), "output_expires_after")
-        input_file = await asyncio.to_thread(store.get_file, input_file_id) if is_file_id(input_file_id) else None
+        input_file = await _owned_file(store, input_file_id, who)
         if input_file is None:
             raise ApiError(400, f"No file with id {input_file_id!r}", param="input_file_id", code="invalid_input_file")
         if input_file.purpose != INPUT_PURPOSE:
@@ -129,29 +140,30 @@ def build_router(context: ApiContext) -> APIRouter:
         row = BatchRow(new_batch_id(), endpoint, input_file_id, window, "validating", now, now + window_s,
                        output_blob=new_file_id(), error_blob=new_file_id(), metadata=metadata,
                        output_expires_after=output_expires_after)
-        await asyncio.to_thread(store.add_batch, row)
+        await asyncio.to_thread(functools.partial(store.add_batch, row, owner=who.owner))
         context.wake_runner()
         return batch_object(row)
 
     @router.get("/v1/batches")
-    async def list_batches(request: Request) -> dict:
+    async def list_batches(request: Request, who: Caller = Depends(caller)) -> dict:
         query = request.query_params
         limit = _limit(query.get("limit"), default=20, maximum=100)
-        rows, more = await _page(store.list_batches, after=query.get("after"), limit=limit)
+        rows, more = await _page(store.list_batches, after=query.get("after"), limit=limit, owner=who.scope)
         return list_object([batch_object(row) for row in rows], more)
 
     @router.get("/v1/batches/{batch_id}")
-    async def retrieve_batch(batch_id: str) -> dict:
-        row = await asyncio.to_thread(store.get_batch, batch_id) if is_batch_id(batch_id) else None
+    async def retrieve_batch(batch_id: str, who: Caller = Depends(caller)) -> dict:
+        row = await asyncio.to_thread(functools.partial(store.get_batch, batch_id, owner=who.scope)) \
+            if is_batch_id(batch_id) else None
         if row is None:
             raise not_found("batch", batch_id)
         return batch_object(row)
 
     @router.post("/v1/batches/{batch_id}/cancel")
-    async def cancel_batch(batch_id: str) -> dict:
+    async def cancel_batch(batch_id: str, who: Caller = Depends(caller)) -> dict:
         try:
-            row = await asyncio.to_thread(store.request_cancel, batch_id, int(time.time())) \
-                if is_batch_id(batch_id) else None
+            row = await asyncio.to_thread(functools.partial(store.request_cancel, batch_id, int(time.time()),
+                                                            owner=who.scope)) if is_batch_id(batch_id) else None
         except Conflict as error:
             raise ApiError(409, str(error), code="batch_not_cancellable") from None
         if row is None:
@@ -162,8 +174,15 @@ def build_router(context: ApiContext) -> APIRouter:
     return router
 
 
-async def _file(store: BatchStore, file_id: str) -> FileRow:
-    row = await asyncio.to_thread(store.get_file, file_id) if is_file_id(file_id) else None
+async def _owned_file(store: BatchStore, file_id: str, who: Caller) -> FileRow | None:
+    """The file, if it exists and the caller may see it."""
+    if not is_file_id(file_id):
+        return None
+    return await asyncio.to_thread(functools.partial(store.get_file, file_id, owner=who.scope))
+
+
+async def _file(store: BatchStore, file_id: str, who: Caller) -> FileRow:
+    row = await _owned_file(store, file_id, who)
     if row is None:
         raise not_found("file", file_id)
     return row
@@ -177,9 +196,19 @@ async def _page(list_rows: Callable[..., Any], **kwargs: Any) -> Any:
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
+    """The request's JSON object body, read only up to `MAX_JSON_BODY_BYTES` (413 past it)."""
+    too_large = ApiError(413, f"the request body is larger than {MAX_JSON_BODY_BYTES} bytes", code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_JSON_BODY_BYTES:
+        raise too_large
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_JSON_BODY_BYTES:
+            raise too_large
     try:
-        body = await request.json()
-    except ValueError:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
         raise ApiError(400, "the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")

@@ -15,6 +15,7 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sgl_blend.batch_lines.bodies import DEFAULT_MAX_N, DEFAULT_MAX_TOKENS
     from sgl_blend.server.config import (DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES,
                                          DEFAULT_MAX_LINE_BYTES, DEFAULT_WORKER_GRACE_S, default_data_dir)
 
@@ -54,6 +55,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "batch runner also sends lines to, spread by BlendServe's DP partition")
     batch.add_argument("--worker-grace", type=float, default=DEFAULT_WORKER_GRACE_S, metavar="SECONDS",
                        help="how long a batch worker may stay unreachable before its unfinished lines move to the others")
+    batch.add_argument("--batch-api-keys", type=_keys, default=(), metavar="KEY,...",
+                       help="keys the Batch API takes beside SGLang's --api-key; files and batches belong to the key "
+                            "that created them and another key gets 404 for them; --admin-api-key sees all")
+    batch.add_argument("--batch-api-keys-file", type=Path, default=None, metavar="PATH",
+                       help="more Batch API keys, one per line (blank lines and # comments ignored), kept out of the "
+                            "process list")
+    batch.add_argument("--batch-cors-origins", type=_origins, default=(), metavar="ORIGIN,...",
+                       help="web origins (https://app.example.com, or *) whose pages may call the Batch API from a "
+                            "browser; every other browser request to it is refused with 403 (default: none)")
+    batch.add_argument("--batch-max-n", type=_positive, default=DEFAULT_MAX_N, metavar="N",
+                       help="most choices one batch line may ask for (n, best_of); a line over it fails alone")
+    batch.add_argument("--batch-max-tokens", type=_positive, default=DEFAULT_MAX_TOKENS, metavar="N",
+                       help="longest generation one batch line may ask for (max_tokens, max_completion_tokens); "
+                            "a line over it fails alone")
     batch.add_argument("--no-batch-api", action="store_true", help="serve without the Files and Batches routes")
     add_colocation_arguments(parser)
     parser.set_defaults(accepts_extra_args=True)
@@ -67,17 +82,48 @@ def _urls(text: str) -> tuple[str, ...]:
     return urls
 
 
+def _keys(text: str) -> tuple[str, ...]:
+    return tuple(key.strip() for key in text.split(",") if key.strip())
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    origins = tuple(origin.strip().rstrip("/") for origin in text.split(",") if origin.strip())
+    for origin in origins:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise argparse.ArgumentTypeError(f"{origin!r} is not a web origin like https://host[:port], nor *")
+    return origins
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def keys_from_file(path: Path) -> tuple[str, ...]:
+    """The keys in a keys file: one per line, blank lines and ``#`` comments ignored. Raises
+    OSError when it cannot be read and ValueError when a key holds a space or a comma."""
+    keys = tuple(line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    keys = tuple(key for key in keys if key)
+    if any(" " in key or "," in key for key in keys):
+        raise ValueError(f"{path}: a key may not hold a space or a comma")
+    return keys
+
+
 def batch_api_config(args: argparse.Namespace):
-    """The Batch API configuration the flags ask for, or None for ``--no-batch-api``."""
+    """The Batch API configuration the flags ask for, or None for ``--no-batch-api``. Raises
+    OSError or ValueError for an unreadable keys file."""
     from sgl_blend.server.config import BatchApiConfig, default_data_dir
 
     if args.no_batch_api:
         return None
+    keys = args.batch_api_keys + (keys_from_file(args.batch_api_keys_file) if args.batch_api_keys_file else ())
     return BatchApiConfig(data_dir=args.data_dir or default_data_dir(), store_url=args.batch_store,
                           max_file_lines=args.max_file_lines, max_file_bytes=args.max_file_bytes,
                           max_line_bytes=args.max_line_bytes,
                           max_inflight=args.batch_max_inflight, workers=args.batch_workers,
-                          worker_grace_s=args.worker_grace)
+                          worker_grace_s=args.worker_grace, api_keys=keys, cors_origins=args.batch_cors_origins,
+                          max_n=args.batch_max_n, max_tokens=args.batch_max_tokens)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,7 +134,11 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     settings = PluginSettings(offline_policy=lookup(args.offline_policy, SERVE).name, hardware=args.hardware or None)
-    batch_api = batch_api_config(args)
+    try:
+        batch_api = batch_api_config(args)
+    except (OSError, ValueError) as error:
+        print(f"error: --batch-api-keys-file: {error}", file=sys.stderr)
+        return 2
     # A batch's usage reports cached prompt tokens only when SGLang reports them per request.
     sglang_args = with_defaults(args.extra_args, (("--enable-cache-report", None),) if batch_api else ())
     try:

@@ -18,7 +18,7 @@ from sgl_blend.launch.supervisor import ServerProcess
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.ids import new_batch_id, new_file_id
 from sgl_blend.server.runner import BatchRunner
-from sgl_blend.server.store import BatchRow, BatchStore
+from sgl_blend.server.store import BatchRow, BatchStore, key_owner
 from sgl_blend.server.store_schema import batches
 from tests.batch.conftest import API_KEY, MAX_FILE_BYTES, MAX_FILE_LINES
 from tests.batch.helpers import (WAIT_LIMIT_S, chat_line, chat_lines, create_batch, jsonl, mixed_lines, records,
@@ -146,7 +146,7 @@ def test_completion_window_expiry(client: openai.OpenAI, batch_server: ServerPro
     batch_id = new_batch_id()
     store.add_batch(BatchRow(batch_id, "/v1/chat/completions", upload(client, lines), "24h", "validating", now,
                              now + 24 * 3600, output_blob=new_file_id(), error_blob=new_file_id(),
-                             owner="expiry-test", lease_until=now + WAIT_LIMIT_S))
+                             owner="expiry-test", lease_until=now + WAIT_LIMIT_S), owner=key_owner(API_KEY))
     runner = BatchRunner(store, blobs, workers=[batch_server.base_url], owner="expiry-test", api_key=API_KEY,
                          max_inflight=1)
 
