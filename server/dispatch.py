@@ -51,17 +51,23 @@ class Dispatcher:
 
     def fill(self) -> bool:
         """Start lines until every ready slot's window is full or its queue is empty; whether some
-        slot had room and nothing to send (the plan should feed it sooner)."""
+        slot had room and nothing to send (the plan should feed it sooner). Lines of a batch whose
+        results cannot be written now (a full disk) keep their place and wait."""
         starving = False
         for worker in self.pool.ready():
             window = self.window(worker)
             for slot in worker.slots():
+                waiting: list[LineKey] = []
                 while self._inflight[slot] < window:
                     key = self.feed.pop(slot)
                     if key is None:
                         starving = True
                         break
-                    self._start(key, worker, slot)
+                    if self.writer.paused(key[0]):
+                        waiting.append(key)
+                    else:
+                        self._start(key, worker, slot)
+                self.feed.push_front(waiting, dict.fromkeys(waiting, slot))
         return starving
 
     def _start(self, key: LineKey, worker: Worker, slot: Slot) -> None:
@@ -110,7 +116,8 @@ class Dispatcher:
             if not batch.inflight:
                 return
             await self.pool.abort(batch.requests.values())
-            await asyncio.wait(list(batch.inflight.values()), timeout=ABORT_ROUND_S)
+            if batch.inflight:  # every line may have ended while the aborts went out
+                await asyncio.wait(list(batch.inflight.values()), timeout=ABORT_ROUND_S)
         leftover = list(batch.inflight.values())
         for task in leftover:
             task.cancel()

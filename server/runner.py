@@ -17,6 +17,7 @@ still alive.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from collections import defaultdict
@@ -49,6 +50,7 @@ LEASE_S = 30.0
 POLL_S = 0.5
 HOUSEKEEPING_S = 60.0
 EXPIRE_CHUNK = 1000
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class ValidationStopped(Exception):
@@ -264,6 +266,9 @@ class BatchRunner:
             await self._fail(batch, rejected)
         except FileNotFoundError:
             await self._fail(batch, FileRejected("file_not_found", f"the input file {row.input_file_id} is gone"))
+        except OSError as error:  # the prepared folder cannot be written (a full disk): say so, do not loop
+            await self._fail(batch, FileRejected("disk_full" if error.errno in DISK_FULL else "validation_failed",
+                                                 f"the batch's lines could not be prepared: {error}"))
         if not batch.closing:
             await self._reload(batch)
 
