@@ -70,8 +70,8 @@ from sgl_blend.sim.bros_device import H100_H2D_SAMPLES
 from sgl_blend.sim.bros_engine import SimSettings
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, ColocatedResult, OnlineArrival
 from sgl_blend.sim.lpm_policy import SGLangLPMPolicy
-from sgl_blend.sim.overlap import overlap_function
-from sgl_blend.sim.step_time import NoisyClock, StepTime, fit_latency
+from sgl_blend.forward_time.overlap import overlap_function
+from sgl_blend.forward_time.step_time import NoisyClock, StepTime, fit_latency
 from sgl_blend.sim.workload import SimRequest
 from sgl_blend.workloads import sharegpt
 from sgl_blend.workloads.arrivals import arrival_times

@@ -21,7 +21,7 @@ from typing import Any
 from sgl_blend.workloads.mixer import TABLE2_TRACES, mix
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.dp_shares import WorkItem, plan_shares
-from sgl_blend.sim.overlap import hardware_overlap
+from sgl_blend.forward_time.overlap import hardware_overlap
 from sgl_blend.sim.run import simulate
 
 RESULTS = Path(__file__).parent / "results"

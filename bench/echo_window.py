@@ -34,8 +34,8 @@ from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.measure.online_replay import summarize
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, OnlineArrival
-from sgl_blend.sim.overlap import overlap_function
-from sgl_blend.sim.step_time import NoisyClock, StepTime, fit_latency
+from sgl_blend.forward_time.overlap import overlap_function
+from sgl_blend.forward_time.step_time import NoisyClock, StepTime, fit_latency
 from sgl_blend.sim.workload import SimRequest, chain_hash
 from sgl_blend.workloads.arrivals import arrival_times
 

@@ -34,7 +34,7 @@ from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.sim.engine import EngineConfig
 from sgl_blend.sim.metrics import compare_to, summarise, workload_bound
 from sgl_blend.core.cost_model import TWO_STREAM_INTERFERENCE
-from sgl_blend.sim.overlap import overlap_function
+from sgl_blend.forward_time.overlap import overlap_function
 from sgl_blend.sim.plot import binned, plot_steps
 from sgl_blend.sim.run import simulate
 

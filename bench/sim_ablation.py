@@ -38,7 +38,7 @@ from sgl_blend.core.cost_model import (
 )
 from sgl_blend.sim.engine import EngineConfig
 from sgl_blend.sim.metrics import workload_bound
-from sgl_blend.sim.overlap import overlap_function
+from sgl_blend.forward_time.overlap import overlap_function
 from sgl_blend.sim.run import simulate
 
 RESULTS = Path(__file__).parent / "results"

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from sgl_blend.kernels.timing import median_seconds
-from sgl_blend.sim.overlap import fit_overlap
+from sgl_blend.forward_time.overlap import fit_overlap
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 

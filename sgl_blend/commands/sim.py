@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from sgl_blend.workloads import io
     from sgl_blend.core.cost_model import CostModel, HardwareSpec
     from sgl_blend.sim.metrics import compare_to, summarise, workload_bound
-    from sgl_blend.sim.overlap import hardware_overlap
+    from sgl_blend.forward_time.overlap import hardware_overlap
     from sgl_blend.sim.plot import binned, plot_steps
     from sgl_blend.sim.run import simulate
     from sgl_blend.sim.sizing import stock_engine

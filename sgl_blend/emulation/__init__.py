@@ -3,7 +3,7 @@
 SGLang's tokenizer, scheduler (radix cache, chunked prefill, mixed batches, retraction, the
 sgl-blend plugin) and detokenizer all run for real on this machine; the model forward computes
 nothing and returns a fixed ordinary token, and a device clock advances by what the simulator's
-cost model (`sgl_blend.sim.step_time.StepTime`) prices that forward's exact shapes at on the
+cost model (`sgl_blend.forward_time.step_time.StepTime`) prices that forward's exact shapes at on the
 emulated device. With ``--emulate cpu`` the real forward runs too and is timed beside its price.
 
 - `config`: `EmulationConfig`, what the plugin is told (one field of `PluginSettings`);

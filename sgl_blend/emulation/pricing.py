@@ -17,8 +17,8 @@ from typing import Sequence
 from sgl_blend.core.cost_model import CostModel, ModelSpec, model_spec
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.emulation.devices import EmulatedDevice
-from sgl_blend.sim.overlap import hardware_overlap
-from sgl_blend.sim.step_time import StepTime
+from sgl_blend.forward_time.overlap import hardware_overlap
+from sgl_blend.forward_time.step_time import StepTime
 
 PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"
 KINDS = (PREFILL, DECODE, MIXED)

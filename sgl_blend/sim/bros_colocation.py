@@ -24,7 +24,7 @@ from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.request_timing import RequestTiming
 from sgl_blend.sim.bros_engine import Arrival, BestEffortPool, SimSettings, simulate
 from sgl_blend.sim.colocation import ColocatedResult, OnlineArrival
-from sgl_blend.sim.step_time import NoisyClock
+from sgl_blend.forward_time.step_time import NoisyClock
 from sgl_blend.sim.workload import SimRequest
 
 

@@ -40,7 +40,7 @@ from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
 from sgl_blend.core.request_timing import RequestTiming
 from sgl_blend.sim.kv_cache import RadixKVCache
-from sgl_blend.sim.step_time import NoisyClock
+from sgl_blend.forward_time.step_time import NoisyClock
 from sgl_blend.sim.workload import SimRequest
 
 PROGRESS_INTERVAL = 32
@@ -311,6 +311,7 @@ class _ColocatedRun:
             self.controller.observe(self.controller.model.predict(shape), seconds)
         self.now += seconds
         self.iterations += 1
+        self.cache.advance(1)
         offline_tokens = 0
         for active in decoding:
             offline_tokens += self._emit_token(active)

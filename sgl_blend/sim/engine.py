@@ -50,10 +50,10 @@ from sgl_blend.core.cost_model import (
 )
 from sgl_blend.core.prefill_room import prefill_room
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
-from sgl_blend.sim.iteration_cost import IterationCost
+from sgl_blend.forward_time.iteration_cost import IterationCost
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.metrics import SimResult, StepTrace
-from sgl_blend.sim.overlap import OverlapFunction
+from sgl_blend.forward_time.overlap import OverlapFunction
 from sgl_blend.sim.workload import SimRequest
 
 

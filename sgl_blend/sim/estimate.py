@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.sim.metrics import SimResult, workload_bound
-from sgl_blend.sim.overlap import hardware_overlap
+from sgl_blend.forward_time.overlap import hardware_overlap
 from sgl_blend.sim.run import simulate
 from sgl_blend.sim.sizing import StockEngine
 from sgl_blend.sim.workload import SimRequest

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from sgl_blend.core.cost_model import CostModel, optimal_time
-from sgl_blend.sim.overlap import OverlapFunction
+from sgl_blend.forward_time.overlap import OverlapFunction
 from sgl_blend.sim.workload import SimRequest
 
 

@@ -26,7 +26,7 @@ from sgl_blend.sim.engine import EngineConfig, SimEngine
 from sgl_blend.sim.feed import RunnerFeed, runner_window
 from sgl_blend.sim.lpm_policy import SGLangLPMPolicy
 from sgl_blend.sim.metrics import SimResult
-from sgl_blend.sim.overlap import OverlapFunction
+from sgl_blend.forward_time.overlap import OverlapFunction
 from sgl_blend.sim.workload import SimRequest
 
 SIM_POLICIES = names_for(SIM)

@@ -23,8 +23,8 @@ from sgl_blend.core.slo_search import SLO, steps_for, violations
 from sgl_blend.sim.bros_colocation import ClockDevice, run_bros
 from sgl_blend.sim.bros_device import H100_H2D_SAMPLES
 from sgl_blend.sim.bros_engine import SimSettings
-from sgl_blend.sim.overlap import overlap_function
-from sgl_blend.sim.step_time import NoisyClock, StepTime, fit_latency
+from sgl_blend.forward_time.overlap import overlap_function
+from sgl_blend.forward_time.step_time import NoisyClock, StepTime, fit_latency
 from sgl_blend.sim.workload import SimRequest, chain_hash
 
 DURATION_S = 20.0

@@ -15,8 +15,8 @@ from sgl_blend.emulation.clock_reader import read_clock
 from sgl_blend.emulation.launch import emulated_launch
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from sgl_blend.sglang_plugin.settings import PluginSettings
-from sgl_blend.sim.overlap import hardware_overlap
-from sgl_blend.sim.step_time import StepTime
+from sgl_blend.forward_time.overlap import hardware_overlap
+from sgl_blend.forward_time.step_time import StepTime
 from tests.conftest import free_port
 
 

@@ -20,8 +20,8 @@ from sgl_blend.emulation.memory import engine_sizing
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from sgl_blend.models.llama31 import LLAMA_31_8B
 from sgl_blend.sglang_plugin.settings import PluginSettings
-from sgl_blend.sim.overlap import overlap_function
-from sgl_blend.sim.step_time import StepTime
+from sgl_blend.forward_time.overlap import overlap_function
+from sgl_blend.forward_time.step_time import StepTime
 from tests.conftest import free_port
 from tests.waiting import wait_for
 

@@ -12,8 +12,8 @@ from sgl_blend.core.cost_model import TWO_STREAM_INTERFERENCE, CostModel, Hardwa
 from sgl_blend.emulation.devices import resolve_device
 from sgl_blend.emulation.pricing import ForwardPricer, batch_shape
 from sgl_blend.emulation.sglang_forward import read_batch
-from sgl_blend.sim.overlap import overlap_function
-from sgl_blend.sim.step_time import StepTime
+from sgl_blend.forward_time.overlap import overlap_function
+from sgl_blend.forward_time.step_time import StepTime
 
 LLAMA_8B = model_spec("llama-3.1-8b")
 H100 = HardwareSpec.resolve("h100-sxm")

@@ -66,6 +66,15 @@ def test_every_line_answered_once(run: tuple[JobTotals, dict[str, Any]]) -> None
     assert state["offline"]["counts"]["finished"] == LINES
 
 
+def ranks_of(positions: list[int]) -> list[int]:
+    """Each admission's rank among ``positions`` sorted ascending."""
+    by_position = sorted(range(len(positions)), key=positions.__getitem__)
+    ranks = [0] * len(positions)
+    for rank, index in enumerate(by_position):
+        ranks[index] = rank
+    return ranks
+
+
 def test_lines_are_admitted_in_plan_order_from_both_ends(run: tuple[JobTotals, dict[str, Any]]) -> None:
     admissions = run[1]["offline"]["admissions"]
     assert len(admissions) == LINES
@@ -75,10 +84,14 @@ def test_lines_are_admitted_in_plan_order_from_both_ends(run: tuple[JobTotals, d
         by_side.setdefault(side, []).append(position)
     assert set(by_side) == {"compute", "memory"}, set(by_side)
     compute, memory = by_side["compute"], by_side["memory"]
-    inversions = sum(b < a for a, b in zip(compute, compute[1:])) + sum(b > a for a, b in zip(memory, memory[1:]))
-    # A line may overtake its predecessor between the client and the scheduler (HTTP and the
-    # tokenizer run concurrently); admission is by position among what has arrived.
-    assert inversions <= 0.01 * LINES, inversions
+    # The runner plans what it has validated so far, then everything unsent, so lines of two plans
+    # meet in the engine; a line that arrives waits for the in-engine re-plan (5% new lines), and a
+    # line whose shared prefix another line computes in this iteration waits one iteration. So the
+    # order is the plan's up to local jitter: each line is admitted near its rank on its side.
+    for side, positions in (("compute", compute), ("memory", [-position for position in memory])):
+        displacement = sorted(abs(rank - index) for index, rank in enumerate(ranks_of(positions)))
+        assert displacement[len(displacement) // 2] <= 0.02 * LINES, (side, displacement[len(displacement) // 2])
+        assert displacement[int(0.95 * len(displacement))] <= 0.1 * LINES, (side, displacement[int(0.95 * len(displacement))])
     assert max(compute) < min(memory), "the compute side is the plan's left, the memory side its right"
     iterations_with_both = {a[0] for a in admissions if a[2] == "compute"} & {a[0] for a in admissions if a[2] == "memory"}
     assert len(iterations_with_both) > 0.05 * len({a[0] for a in admissions}), "both ends fed together"

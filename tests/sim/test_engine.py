@@ -9,10 +9,10 @@ import pytest
 from sgl_blend.workloads.mixer import mix
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.sim.engine import EngineConfig, SimEngine
-from sgl_blend.sim.iteration_cost import IterationCost
+from sgl_blend.forward_time.iteration_cost import IterationCost
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.metrics import workload_bound
-from sgl_blend.sim.overlap import fit_overlap, overlap_function
+from sgl_blend.forward_time.overlap import fit_overlap, overlap_function
 from sgl_blend.sim.run import SIM_POLICIES, make_sim_policy, simulate
 from sgl_blend.sim.workload import SimRequest, chain_hash
 
@@ -242,7 +242,7 @@ def test_one_run_priced_under_two_lambdas_matches_two_runs() -> None:
 def test_default_overlap_takes_lambda_from_the_hardware_profile() -> None:
     from dataclasses import replace
 
-    from sgl_blend.sim.overlap import hardware_overlap
+    from sgl_blend.forward_time.overlap import hardware_overlap
 
     assert hardware_overlap(HARDWARE).weight_min == HARDWARE.corun_interference == 0.90
     assert hardware_overlap(replace(HARDWARE, corun_interference=0.5)).weight_min == 0.5

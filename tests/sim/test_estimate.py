@@ -10,7 +10,7 @@ import pytest
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.sim.estimate import estimate, table
 from sgl_blend.sim.metrics import workload_bound
-from sgl_blend.sim.overlap import hardware_overlap
+from sgl_blend.forward_time.overlap import hardware_overlap
 from sgl_blend.sim.run import simulate
 from sgl_blend.sim.sizing import stock_engine
 from sgl_blend.sim.workload import SimRequest, chain_hash

@@ -9,7 +9,7 @@ from sgl_blend.workloads.mixer import mix
 from sgl_blend.workloads.synthetic import TRACES, generate
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.sim.metrics import workload_bound
-from sgl_blend.sim.overlap import overlap_function
+from sgl_blend.forward_time.overlap import overlap_function
 
 COST = CostModel(model_spec("llama-3.1-8b"), HardwareSpec.resolve("a100-80g"))
 MAX = overlap_function("max")

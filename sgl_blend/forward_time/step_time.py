@@ -17,8 +17,8 @@ import numpy as np
 
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.core.latency_model import BatchShape, FitReport, fit_forms
-from sgl_blend.sim.iteration_cost import IterationCost
-from sgl_blend.sim.overlap import OverlapFunction
+from sgl_blend.forward_time.iteration_cost import IterationCost
+from sgl_blend.forward_time.overlap import OverlapFunction
 
 DEFAULT_JITTER = 0.02
 
