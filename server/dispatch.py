@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Callable
 
 from sgl_blend.batch_lines.sender import WorkerUnreachable
+from sgl_blend.core.dual_scan import WINDOW_MULTIPLE
 from sgl_blend.offline import offline_headers
 from sgl_blend.server.active import ActiveBatch, ActiveBatches
 from sgl_blend.server.assignment import Slot
@@ -26,9 +27,6 @@ from sgl_blend.server.workers import Worker, WorkerPool
 
 logger = logging.getLogger(__name__)
 ABORT_ROUNDS, ABORT_ROUND_S = 30, 1.0
-# Lines in the engine per request it runs at once: the running batch, and as many waiting to
-# replace its requests as they finish (so both plan sides' fronts are always there to choose from).
-WINDOW_MULTIPLE = 2
 # A window for a server that does not say what it holds.
 FALLBACK_WINDOW = 256
 

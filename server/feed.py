@@ -37,6 +37,9 @@ class Feed:
         for queue in self._queues.values():
             yield from queue
 
+    def slots_with_lines(self) -> set[Slot]:
+        return {slot for slot, queue in self._queues.items() if queue}
+
     def slot_of(self, key: LineKey) -> Slot:
         return self._slot[key]
 

@@ -90,7 +90,6 @@ class BatchRunner:
                                    wake=lambda: self.wake(refresh=False))
         self._wake = asyncio.Event()
         self._refresh = True
-        self._live: frozenset[Slot] = frozenset()
         self._writer = ResultWriter(store, blobs, owner)
         self._dispatcher = Dispatcher(self.workers, self.feed, self.planner, self._writer, self.batches,
                                       max_inflight=max_inflight, wake=lambda: self.wake(refresh=False))
@@ -327,17 +326,22 @@ class BatchRunner:
         the assigner (BlendServe's DP partition where the prompts are known); before any worker
         answered, the first worker's, to move once it does."""
         slots = self.workers.live_slots() or [Slot(next(iter(self.workers.workers)))]
-        if len(slots) == 1:
-            return dict.fromkeys(keys, slots[0])
+        # The store says where each line runs once there is a choice (a line moved off a dead
+        # worker is then recorded on the one that runs it).
+        record = len(slots) > 1 or len(self.workers.workers) > 1
         by_batch: dict[str, list[int]] = defaultdict(list)
         for batch_id, number in keys:
             by_batch[batch_id].append(number)
         chosen: dict[LineKey, Slot] = {}
         for batch_id, numbers in by_batch.items():
-            prompts = {number: items[(batch_id, number)] for number in numbers if (batch_id, number) in items}
-            assignment = self.assigner(numbers, slots, prompts)
+            if len(slots) == 1:
+                assignment = {slots[0]: numbers}
+            else:
+                prompts = {number: items[(batch_id, number)] for number in numbers if (batch_id, number) in items}
+                assignment = self.assigner(numbers, slots, prompts)
             chosen.update(((batch_id, number), slot) for slot, share in assignment.items() for number in share)
-            self._store_assignment(batch_id, assignment)
+            if record:
+                self._store_assignment(batch_id, assignment)
         return chosen
 
     def _store_assignment(self, batch_id: str, assignment: Mapping[Slot, list[int]]) -> None:
@@ -347,16 +351,15 @@ class BatchRunner:
                                or logger.warning("recording where lines run failed: %s", done.exception()))
 
     def _rebalance(self) -> None:
-        """When the live slots change, lines queued on slots that are gone (a dead worker, a
-        placeholder) move to the live ones."""
+        """Lines queued on slots that are gone (a dead worker, a placeholder) move to the live ones:
+        those queued when the slot went, and any that came back to it later (a line whose last try
+        on the dead worker ended after the worker was declared dead)."""
         live = frozenset(self.workers.live_slots())
-        if not live or live == self._live:
+        stranded = self.feed.slots_with_lines() - live
+        if not live or not stranded:
             return
-        self._live = live
-        gone = {key for key in self.feed.queued() if self.feed.slot_of(key) not in live}
-        if gone:
-            slots = {self.feed.slot_of(key) for key in gone}
-            self.feed.move_slots(slots, self._choose_slots(sorted(gone), self.planner.items))
+        gone = [key for key in self.feed.queued() if self.feed.slot_of(key) in stranded]
+        self.feed.move_slots(stranded, self._choose_slots(sorted(gone), self.planner.items))
 
     async def _finalize(self, batch: ActiveBatch) -> None:
         if await asyncio.to_thread(self.store.pending_lines, batch.id, limit=1):

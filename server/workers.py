@@ -5,6 +5,14 @@ offers one slot per DP rank (its ``dp_size``, read from its ``/server_info``). A
 no answer is paused with a growing back-off (`client.http.Backoff`) and its lines wait; one that
 stays unreachable for the grace period is declared dead, and is probed again at its back-off pace
 until it answers ``/server_info`` once more.
+
+A line that meets something transient -- an engine 5xx, 408 or 429, an abort the runner did not
+ask for, a connection lost or timed out before the answer -- is tried again on its worker after a
+growing, jittered pause (tenacity), each time under a new request id (an earlier try may still be
+inside the engine). When the tries run out, who is at fault decides: if the worker answered other
+lines meanwhile, the line's own request is what keeps failing and the line fails with its last
+answer; if not, the worker is (down, overloaded, restarting), and the line goes back to wait for
+it or, once the worker is declared dead, to move to another.
 """
 
 from __future__ import annotations
@@ -16,16 +24,32 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import httpx
+from tenacity import (AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_any,
+                      wait_exponential, wait_random)
 
 from sgl_blend.client import http
-from sgl_blend.batch_lines.lines import PreparedRequest
-from sgl_blend.batch_lines.sender import LineOutcome, WorkerUnreachable, abort_requests, send_request
+from sgl_blend.batch_lines.lines import PreparedRequest, error_record
+from sgl_blend.batch_lines.sender import (AnswerLost, LineOutcome, LineUsage, WorkerUnreachable, abort_requests,
+                                          send_request)
 from sgl_blend.server.assignment import Slot, worker_slots
 
 logger = logging.getLogger(__name__)
 MAX_WORKER_BACKOFF_S = 10.0
 WORKER_GRACE_S = 15.0
 PROBE_TIMEOUT_S = 10.0
+# Tries of one line on its worker, and the pauses between them (doubling, with jitter): together
+# about 15 s, so that a blip passes while the line waits, and a worker that is really down reaches
+# its grace period through its other lines.
+SEND_TRIES = 6
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 8.0
+
+
+class _Transient(Exception):
+    """A try's transient answer, raised so that tenacity tries again."""
+
+    def __init__(self, outcome: LineOutcome) -> None:
+        super().__init__(f"HTTP {outcome.status}" + (" (aborted)" if outcome.aborted else ""))
+        self.outcome = outcome
 
 
 @dataclass(frozen=True)
@@ -84,6 +108,10 @@ class WorkerPool:
         self._abort_auth = http.auth_headers(admin_api_key or api_key)
         self._on_change = on_change
         self._client: httpx.AsyncClient | None = None
+        # Each line's request id as the dispatcher knows it -> the id of its try under way, and
+        # the lines the runner aborted (their abort is final, never retried).
+        self._trying: dict[str, str] = {}
+        self._aborted: set[str] = set()
 
     def __getitem__(self, url: str) -> Worker:
         return self.workers[url]
@@ -105,35 +133,89 @@ class WorkerPool:
 
     async def send(self, worker: Worker, custom_id: str, request: PreparedRequest, headers: Mapping[str, str],
                    rid: str, dp_rank: int | None) -> LineOutcome:
-        """`send_request` to the worker; a `WorkerUnreachable` from it pauses the worker first."""
+        """The line's outcome from the worker, tried again while what comes back is transient.
+        Raises `WorkerUnreachable` when the worker cannot be reached, or is what keeps failing
+        (the line never ran, or may run again: it goes back to wait or move); an abort the runner
+        asked for (`abort`) is returned as it comes."""
+        first_failure: list[float] = []
+
+        def note_failure(state: RetryCallState) -> None:
+            first_failure[:] = first_failure or [time.monotonic()]
+            logger.info("line %s on %s: %s; trying again in %.1f s", custom_id, worker.url,
+                        state.outcome.exception(), state.upcoming_sleep)
+
+        retrying = AsyncRetrying(stop=stop_any(stop_after_attempt(SEND_TRIES),
+                                               lambda _state: not worker.live or rid in self._aborted),
+                                 wait=wait_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MAX_S)
+                                 + wait_random(0, RETRY_FIRST_S),
+                                 retry=retry_if_exception_type((_Transient, AnswerLost)), before_sleep=note_failure,
+                                 reraise=True)
         try:
-            outcome = await send_request(self._client, worker.url, custom_id, request, headers, rid, dp_rank=dp_rank)
-        except WorkerUnreachable as error:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._try(worker, custom_id, request, headers, rid, attempt.retry_state.attempt_number,
+                                           dp_rank)
+        except (_Transient, AnswerLost) as last:
+            return self._gave_up(worker, custom_id, rid, last, first_failure[0] if first_failure else time.monotonic())
+        finally:
+            self._trying.pop(rid, None)
+            self._aborted.discard(rid)
+        raise AssertionError("tenacity neither returned nor raised")
+
+    async def _try(self, worker: Worker, custom_id: str, request: PreparedRequest, headers: Mapping[str, str],
+                   rid: str, number: int, dp_rank: int | None) -> LineOutcome:
+        """One try, under the line's request id the first time and a fresh one after that."""
+        if rid in self._aborted:
+            return _aborted(custom_id)
+        self._trying[rid] = rid if number == 1 else f"{rid}-try{number}"
+        try:
+            outcome = await send_request(self._client, worker.url, custom_id, request, headers, self._trying[rid],
+                                         dp_rank=dp_rank)
+        except (WorkerUnreachable, AnswerLost) as error:
             self._failed(worker, error)
             raise
+        if outcome.transient and not (outcome.aborted and rid in self._aborted):
+            self._failed(worker, _Transient(outcome))
+            raise _Transient(outcome)
         worker.backoff.succeeded()
         return outcome
 
+    def _gave_up(self, worker: Worker, custom_id: str, rid: str, last: Exception, first_failure: float) -> LineOutcome:
+        """The tries ran out (or the runner aborted the line, or its worker was declared dead)."""
+        if rid in self._aborted:
+            return _aborted(custom_id)
+        failing_since = worker.backoff.failing_since
+        served_others = failing_since is None or failing_since > first_failure
+        if not worker.live or not served_others:
+            raise WorkerUnreachable(f"{worker.url} keeps failing ({last}); the line waits for it or moves") from last
+        if isinstance(last, _Transient):
+            return last.outcome
+        return LineOutcome(False, error_record(custom_id, "no_answer", f"no answer after {SEND_TRIES} tries, while "
+                                                                       f"the server answered other lines: {last}"),
+                           LineUsage())
+
     async def abort(self, running: Iterable[tuple[str, str]]) -> None:
-        """Abort (worker URL, SGLang request id) pairs, each worker's at once."""
-        running = list(running)
+        """Abort (worker URL, SGLang request id) pairs, each worker's at once: the try under way of
+        each, and no try after it."""
+        running = [(url, rid) for url, rid in running if rid in self._trying]
+        self._aborted.update(rid for _url, rid in running)
         for url in self.workers:
-            rids = [rid for worker, rid in running if worker == url]
+            rids = [self._trying[rid] for worker, rid in running if worker == url and rid in self._trying]
             if rids:
                 await abort_requests(self._client, url, rids, self._abort_auth)
 
     def _failed(self, worker: Worker, error: Exception) -> None:
-        """Pause a worker that did not answer (down, or not listening yet); its lines wait and go
-        again, since they never ran. One unreachable for the grace period is declared dead."""
+        """Pause a worker that failed a line (down, not listening yet, or answering only errors);
+        its lines wait. One that fails everything for the grace period is declared dead."""
         now = time.monotonic()
         pause = worker.backoff.failed(now)
         if worker.live and worker.backoff.failing_for(now) >= self.grace_s:
-            logger.warning("worker %s unreachable for %.0f s; declaring it dead: %s", worker.url,
+            logger.warning("worker %s failing every line for %.0f s; declaring it dead: %s", worker.url,
                            worker.backoff.failing_for(now), error)
             worker.dp_size = None
             self._on_change()
         else:
-            logger.info("worker unreachable, retrying in %.1f s: %s", pause, error)
+            logger.info("worker %s failed a line; pausing it %.1f s: %s", worker.url, pause, error)
 
     async def probe(self) -> None:
         """Ask each worker not known to be alive for its ``/server_info`` (at its back-off pace): one
@@ -153,3 +235,9 @@ class WorkerPool:
             return await http.server_info_async(self._client, worker.url, timeout=PROBE_TIMEOUT_S)
         except (http.NoAnswer, httpx.HTTPStatusError, ValueError):
             return None
+
+
+def _aborted(custom_id: str) -> LineOutcome:
+    """The outcome of a line the runner aborted before its next try began."""
+    return LineOutcome(False, error_record(custom_id, "aborted", "the batch stopped before this request ran"),
+                       LineUsage(), aborted=True)

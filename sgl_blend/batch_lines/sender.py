@@ -1,9 +1,15 @@
 """Sending one prepared batch line to a server, and turning its answer into an output or error record.
 
 The batch runner (behind the Batch API and `sgl-blend run-batch` alike) sends every line this way.
-A line that got no answer at all (connection refused or dropped) raises `WorkerUnreachable`
-instead of becoming a record: it has not run, so the caller decides whether to send it again or
-to give up on it.
+What could not have been the line's own fault never becomes its record:
+
+- no connection at all (nothing listens) raises `WorkerUnreachable`: the line has not run;
+- a connection that broke or timed out before the answer raises `AnswerLost`: it may have run,
+  and running it again is harmless (a result is committed only while its line is pending);
+- an answer that is transient (`LineOutcome.transient`: an engine 5xx, 408 or 429, or an abort)
+  is returned, and the caller decides -- an abort it asked for is final, anything else it retries.
+
+Every other answer (200, or a 4xx the body earned) is the line's result.
 """
 
 from __future__ import annotations
@@ -20,10 +26,16 @@ from sgl_blend.batch_lines.lines import PreparedRequest, output_record
 
 # The routes whose request carries SGLang's ``routed_dp_rank`` (embedding requests have no such field).
 DP_ROUTED_URLS = ("/v1/chat/completions", "/v1/completions")
+# Answers that say the server could not serve the request now, not that the request is wrong.
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class WorkerUnreachable(Exception):
-    """The server gave no HTTP answer for a line (it may be down or restarting)."""
+    """No connection to the server could be made for a line (it may be down or restarting)."""
+
+
+class AnswerLost(Exception):
+    """The connection broke, or the answer did not come in time, after the line was sent."""
 
 
 @dataclass(frozen=True)
@@ -62,38 +74,48 @@ class LineUsage:
 @dataclass(frozen=True)
 class LineOutcome:
     """A line's answer: ``ok`` lines go to the output file, the others to the error file.
-    ``aborted``: SGLang stopped the request before it finished (``finish_reason`` abort)."""
+    ``aborted``: SGLang stopped the request before it finished (``finish_reason`` abort);
+    ``status``: the HTTP status of the answer (0 for a record made without one)."""
 
     ok: bool
     record: dict[str, Any]
     usage: LineUsage
     aborted: bool = False
+    status: int = 0
+
+    @property
+    def transient(self) -> bool:
+        """The server could not serve the line now; the same request may well succeed later."""
+        return self.aborted or self.status in TRANSIENT_STATUSES
 
 
 async def send_request(client: httpx.AsyncClient, base_url: str, custom_id: str, request: PreparedRequest,
                        headers: Mapping[str, str] | None = None, rid: str | None = None,
                        dp_rank: int | None = None) -> LineOutcome:
     """POST the line's prepared request to ``base_url + request.url``; any HTTP answer becomes the
-    line's record. ``rid`` names the request inside SGLang, so that `abort_requests` can stop it;
-    ``dp_rank`` has SGLang's DP controller run it on that rank (chat and completion lines)."""
+    line's outcome. ``rid`` names the request inside SGLang, so that `abort_requests` can stop it;
+    ``dp_rank`` has SGLang's DP controller run it on that rank (chat and completion lines). Raises
+    `WorkerUnreachable` or `AnswerLost` when no answer came."""
     body = request.body_with(rid=rid, routed_dp_rank=dp_rank if request.url in DP_ROUTED_URLS else None)
     try:
         response = await client.post(base_url + request.url, content=body,
                                      headers={"Content-Type": "application/json", **(headers or {})})
-    except http.NoAnswer as error:
+    except (httpx.ConnectError, httpx.ConnectTimeout) as error:
         raise WorkerUnreachable(f"{base_url}: {type(error).__name__}: {error}") from error
+    except http.NoAnswer as error:
+        raise AnswerLost(f"{base_url}: {type(error).__name__}: {error}") from error
     text, status = response.text, response.status_code
     try:
         answer = json.loads(text)
     except json.JSONDecodeError:
         answer = {"error": {"message": text[:2000]}}
     if status != 200:
-        return LineOutcome(False, output_record(custom_id, status, answer), LineUsage())
+        return LineOutcome(False, output_record(custom_id, status, answer), LineUsage(), status=status)
     request_id = answer.get("id") if isinstance(answer, dict) else None
     aborted = any(choice.get("finish_reason") == "abort" for choice in (answer.get("choices") or [])
                   if isinstance(choice, dict)) if isinstance(answer, dict) else False
     return LineOutcome(not aborted, output_record(custom_id, status, answer, request_id),
-                       LineUsage.from_body(answer), aborted)
+                       LineUsage.from_body(answer), aborted, status)
 
 
 async def abort_requests(client: httpx.AsyncClient, base_url: str, rids: list[str],

@@ -21,8 +21,15 @@ import httpx
 URL_ENV, API_KEY_ENV = "SGLBLEND_URL", "SGLBLEND_API_KEY"
 DEFAULT_URL = "http://127.0.0.1:30000"
 NoAnswer = httpx.RequestError
-# No overall limit, since a long generation is not a failure; a connection that never opens is.
-GENERATION_TIMEOUT = httpx.Timeout(None, connect=30.0)
+# A generation's answer comes whole at its end, so the read timeout bounds one request's whole
+# time in the engine: waiting in its queue (the runner keeps about two running batches' worth
+# there) and generating. Half an hour is a 60,000-token generation at 30 ms a step, far past any
+# real line; an answer later than that means the request is lost (a peer that vanished without
+# closing the connection, an engine that dropped it) and it is sent again. A hung scheduler is
+# found sooner by SGLang's own watchdog (``--watchdog-timeout``, 300 s), which kills the server
+# and so drops every connection to it at once.
+GENERATION_READ_TIMEOUT_S = 1800.0
+GENERATION_TIMEOUT = httpx.Timeout(connect=30.0, read=GENERATION_READ_TIMEOUT_S, write=60.0, pool=None)
 
 T = TypeVar("T")
 

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "forward is priced at --model's shapes (llama-3.1-8b, llama-3.1-70b) and the summary "
                              "reports the job's time on that device")
     parser.add_argument("--max-inflight", type=int, default=None,
-                        help="cap on the lines handed to the scheduler at once (default: twice the requests it "
+                        help="cap on the lines handed to the scheduler at once (default: 8 times the requests it "
                              "runs at once, from its KV pool and running limit)")
     parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
                         help="longest line that runs (a longer one fails alone, in the error file)")

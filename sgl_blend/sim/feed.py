@@ -24,15 +24,13 @@ from typing import Hashable, Iterable, Sequence
 from sgl_blend.batch_lines.plan import LinePlanner
 from sgl_blend.core.batch_plan import BatchPlan, plan_batch
 from sgl_blend.core.dp_shares import WorkItem
+from sgl_blend.core.dual_scan import WINDOW_MULTIPLE
 from sgl_blend.core.output_length import DEFAULT_FALLBACK, DEFAULT_SAMPLE_RATE
 from sgl_blend.core.placement import MEMORY, SAMPLE, Placement
 from sgl_blend.core.protocol import OfflineRequest
 from sgl_blend.sim.engine import EngineConfig
 from sgl_blend.sim.workload import SimRequest
 
-# The runner's window (server.dispatch): this many lines per request the engine runs at once --
-# the running batch and as many waiting to replace its requests as they finish.
-WINDOW_MULTIPLE = 2
 # The memory side's positions count down from here, far above any compute side's (RankSpace).
 MEMORY_TOP = 2**40
 

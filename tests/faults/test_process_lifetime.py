@@ -17,12 +17,16 @@ from pathlib import Path
 import httpx
 import openai
 import psutil
+import pytest
 
+from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.store import BatchStore
 from tests.batch.helpers import chat_lines, create_batch, jsonl, wait_until
 from tests.conftest import free_port
-from tests.faults.checks import violations
+from tests.faults.invariants import violations
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.faults
 API_KEY = "sk-lifetime"
 
 
@@ -82,10 +86,14 @@ def test_kill_9_of_serve_takes_its_server_and_a_restart_finishes_the_batch(tmp_p
     try:
         wait_for(lambda: healthy(second, port), "the restarted server to be healthy")
         assert wait_until(client, batch_id).status == "completed"
-        assert violations(client, batch_id, lines) == []
     finally:
         second.send_signal(signal.SIGTERM)
         second.wait(timeout=120)
+    store = BatchStore.open("", data_dir)  # once no server holds the data directory
+    try:
+        assert violations(store, BlobDir(data_dir), batch_id, [line["custom_id"] for line in lines]) == []
+    finally:
+        store.close()
 
 
 def test_kill_9_of_run_batch_takes_its_server(tmp_path: Path) -> None:
