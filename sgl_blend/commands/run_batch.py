@@ -18,6 +18,7 @@ HELP = __doc__.splitlines()[0]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES
     from sgl_blend.core.policy_registry import RUN_BATCH, describe, names_for
+    from sgl_blend.emulation.config import REALTIME_HELP
 
     parser.add_argument("-i", "--input", type=Path, required=True, help="input JSONL (OpenAI batch line format)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="output JSONL (appended; resumable)")
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run on an emulated GPU (h100, a100-80g, or a profile JSON): SGLang runs for real, each "
                              "forward is priced at --model's shapes (llama-3.1-8b, llama-3.1-70b) and the summary "
                              "reports the job's time on that device")
+    parser.add_argument("--emulate-realtime", type=float, default=None, metavar="FACTOR", help=REALTIME_HELP)
     parser.add_argument("--max-inflight", type=int, default=None,
                         help="cap on the lines handed to the scheduler at once (default: 8 times the requests it "
                              "runs at once, from its KV pool and running limit)")
@@ -65,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         totals, state = run_on_fresh_server(
             args.model, args.policy, args.input, args.output, error_path, sglang_args=args.extra_args,
             hardware=args.hardware, server_log=server_log, emulate=args.emulate,
+            emulate_realtime=args.emulate_realtime,
             options=JobOptions(args.max_inflight, args.max_line_bytes, show_progress=not args.no_progress))
     except (ServerStartError, FileNotFoundError, ValueError, JobInputChanged) as error:
         print(f"error: {error}", file=sys.stderr)

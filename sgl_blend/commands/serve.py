@@ -15,6 +15,7 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sgl_blend.emulation.config import REALTIME_HELP
     from sgl_blend.batch_lines.bodies import DEFAULT_MAX_N, DEFAULT_MAX_TOKENS
     from sgl_blend.server.config import (DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES,
                                          DEFAULT_MAX_LINE_BYTES, DEFAULT_WORKER_GRACE_S, default_data_dir)
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="emulate a GPU (h100, a100-80g, or a profile JSON with its memory): SGLang runs for real but "
                              "the model forward is skipped and priced; --model may then be llama-3.1-8b or llama-3.1-70b "
                              "and --tp-size is priced, not run. `cpu` runs the real forward and prices it beside")
+    parser.add_argument("--emulate-realtime", type=float, default=None, metavar="FACTOR", help=REALTIME_HELP)
     batch = parser.add_argument_group("Batch API (/v1/files, /v1/batches)")
     batch.add_argument("--data-dir", type=Path, default=None,
                        help=f"where batch files and the SQLite store live (default {default_data_dir()}, "
@@ -151,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
         from sgl_blend.emulation.launch import emulated_launch
 
         try:
-            launch = emulated_launch(args.emulate, args.model, sglang_args, cache_dir=args.cache_dir)
+            launch = emulated_launch(args.emulate, args.model, sglang_args, cache_dir=args.cache_dir,
+                                     realtime_factor=args.emulate_realtime)
         except (ValueError, FileNotFoundError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

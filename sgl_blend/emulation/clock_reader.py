@@ -1,7 +1,10 @@
 """A job's emulated time, from two readings of an emulated server's clock.
 
 A job that runs between two readings took, on the emulated device, the device time of the forwards
-in between plus the time the device sat idle: ``Δdevice_seconds + Δidle_wall_seconds``. A server
+in between plus the time the device sat idle: ``Δdevice_seconds + Δidle_wall_seconds``. Under a
+real-time factor (each forward lasts ``wall_per_device_second`` times its price on the wall clock,
+`emulation.realtime`) idle wall time is device time stretched by the same factor, so it counts
+over that factor. A server
 with several DP ranks emulates one device per rank; they run side by side, so the job took as
 long as the slowest rank's share.
 """
@@ -38,7 +41,7 @@ class ClockReading:
     def emulated_seconds(self, rank: int) -> float:
         """Rank ``rank``'s emulated time since its start: device time plus idle time."""
         state = self.ranks[rank]
-        return float(state["device_seconds"]) + float(state["idle_wall_seconds"])
+        return float(state["device_seconds"]) + float(state["idle_wall_seconds"]) / _stretch(state)
 
 
 def read_clock(base_url: str, api_key: str | None = None) -> ClockReading:
@@ -76,5 +79,10 @@ def job_time(before: ClockReading, after: ClockReading) -> JobTime:
     for rank in after.ranks:
         start, end = before.ranks[rank], after.ranks[rank]
         idle = float(end["idle_wall_seconds"]) - float(end["idle_under_way_seconds"]) - float(start["idle_wall_seconds"])
-        times.append(JobTime(float(end["device_seconds"]) - float(start["device_seconds"]), max(idle, 0.0)))
+        times.append(JobTime(float(end["device_seconds"]) - float(start["device_seconds"]), max(idle, 0.0) / _stretch(end)))
     return max(times, key=lambda time: time.seconds)
+
+
+def _stretch(state: Mapping[str, Any]) -> float:
+    """Wall seconds per device second (1 unless the emulation runs in real time)."""
+    return float(state.get("wall_per_device_second") or 1.0)

@@ -16,18 +16,27 @@ STATE_KEY = "sgl_blend"
 EMULATION_KEY = "emulation"
 
 
+# `--emulate-realtime`, on `serve` and `run-batch` alike.
+REALTIME_HELP = ("with --emulate: each forward lasts FACTOR times its price on the wall clock, so that this host's "
+                 "feeding, tokenising and scheduling keep their pace against the device's, as on a real one (the "
+                 "emulated time counts idle wall time over FACTOR); without it a forward returns at once")
+
+
 @dataclass(frozen=True)
 class EmulationConfig:
     """``device`` prices each forward (``h100``, ``a100-80g``, ``cpu`` or a profile JSON; see
     `devices`); ``model`` is the shape it is priced at (a name in `EMULATION_MODELS` or an HF model
     directory); ``tp`` the TP degree it is priced with, whatever SGLang itself runs.
     ``token_id`` is the token a skipped forward returns for every request: on ``cpu`` the real
-    forward runs and is timed, so there is none."""
+    forward runs and is timed, so there is none. ``realtime_factor``, when set, makes each skipped
+    forward last ``realtime_factor`` times its price on the wall clock (`realtime`); None keeps the
+    clock virtual (a forward returns at once)."""
 
     device: str
     model: str
     tp: int = 1
     token_id: int | None = None
+    realtime_factor: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("device", "model"):
@@ -41,6 +50,12 @@ class EmulationConfig:
                 raise ValueError("the cpu device runs the real forward: it takes no token_id")
         elif not (isinstance(self.token_id, int) and not isinstance(self.token_id, bool) and self.token_id >= 0):
             raise ValueError(f"an emulated {self.device} needs the token id skipped forwards return, got {self.token_id!r}")
+        if self.realtime_factor is not None:
+            if self.runs_model:
+                raise ValueError("the cpu device runs the real forward in real time already: it takes no realtime_factor")
+            if not (isinstance(self.realtime_factor, (int, float)) and not isinstance(self.realtime_factor, bool)
+                    and self.realtime_factor > 0):
+                raise ValueError(f"realtime_factor must be a positive number, got {self.realtime_factor!r}")
 
     @property
     def runs_model(self) -> bool:

@@ -71,9 +71,10 @@ class EmulatedLaunch:
 
 
 def emulated_launch(device: str, model: str, sglang_args: Sequence[str] = (),
-                    cache_dir: Path | None = None) -> EmulatedLaunch:
+                    cache_dir: Path | None = None, realtime_factor: float | None = None) -> EmulatedLaunch:
     """The launch of ``model`` (a name in `EMULATION_MODELS`, a bundled model, or an HF model
-    directory) on the emulated ``device``; ``sglang_args`` are the user's SGLang flags."""
+    directory) on the emulated ``device``; ``sglang_args`` are the user's SGLang flags;
+    ``realtime_factor``: each forward lasts that many times its price on the wall clock."""
     emulated = resolve_device(device)
     args = list(sglang_args)
     if emulated.memory is None:
@@ -81,8 +82,8 @@ def emulated_launch(device: str, model: str, sglang_args: Sequence[str] = (),
             raise ValueError(f"--emulate {device} runs the real model, and {model} has no weights here: "
                              "give a model that runs (tiny-llama, smollm2-135m or a model directory)")
         path = resolve_model_path(model, cache_dir)
-        return EmulatedLaunch(path, args, EmulationConfig(device, str(path), _tp(args)), emulated.plugin_hardware(1),
-                              None)
+        return EmulatedLaunch(path, args, EmulationConfig(device, str(path), _tp(args), realtime_factor=realtime_factor),
+                              emulated.plugin_hardware(1), None)
     if model in EMULATION_MODELS:
         path, config = prepare(STAND_IN, cache_dir)[0], EMULATION_MODELS[model]
     else:
@@ -98,7 +99,7 @@ def emulated_launch(device: str, model: str, sglang_args: Sequence[str] = (),
     args = _without(args, (*TP_FLAGS, MEM_FRACTION_FLAG, CHUNK_FLAG, RUNNING_FLAG, TOKENS_FLAG)) + [
         CHUNK_FLAG, str(sizing.chunked_prefill_size), RUNNING_FLAG, str(sizing.max_running_requests),
         TOKENS_FLAG, str(sizing.max_total_tokens)]
-    return EmulatedLaunch(path, args, EmulationConfig(device, model, tp, emulated_token(path)),
+    return EmulatedLaunch(path, args, EmulationConfig(device, model, tp, emulated_token(path), realtime_factor),
                           emulated.plugin_hardware(tp), sizing)
 
 

@@ -10,7 +10,8 @@ every request, which is all the scheduler reads from a plain generation batch, a
 hidden states, a grammar) runs the stand-in model for real so its answer has every field SGLang
 fills -- its values are the stand-in's over KV the skipped forwards never wrote -- and is priced
 the same. Each forward is priced from the batch's own lengths (`pricing`), and the clock (`clock`)
-is reported in ``/server_info``.
+is reported in ``/server_info``. With a real-time factor (`EmulationConfig.realtime_factor`) the
+forward also lasts its price on the wall clock, stretched by that factor (`realtime`).
 
 Every SGLang internal this touches is a row of the plugin's boundary table
 (`sgl_blend.sglang_plugin.sglang_boundary`: ``EMULATED_FORWARD``, ``EMULATION_NO_BATCH``,
@@ -31,6 +32,7 @@ from sgl_blend.emulation.clock import DeviceClock
 from sgl_blend.emulation.config import EMULATION_KEY, STATE_KEY, EmulationConfig
 from sgl_blend.emulation.devices import resolve_device
 from sgl_blend.emulation.pricing import DECODE, MIXED, PREFILL, ForwardPricer, batch_shape
+from sgl_blend.emulation.realtime import RealTimePacer
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,7 @@ class Emulator:
         self.boundary = boundary
         self.pricer = ForwardPricer.of(resolve_device(config.device), config.model, config.tp)
         self.clock = DeviceClock()
+        self.pacer = RealTimePacer(config.realtime_factor) if config.realtime_factor is not None else None
 
     def forward(self, original: Callable[..., Any], worker: Any, *args: Any, **kwargs: Any) -> Any:
         scheduled = self.boundary.bind(self.boundary.EMULATED_FORWARD, worker, *args, **kwargs).arguments["batch"]
@@ -103,6 +106,8 @@ class Emulator:
             return result
         result = original(worker, *args, **kwargs) if needs_model_outputs(scheduled) else self.skipped(scheduled)
         self.clock.forward(kind, shape, seconds)
+        if self.pacer is not None:
+            self.pacer.run(seconds)
         return result
 
     def skipped(self, scheduled: Any) -> Any:
@@ -115,6 +120,8 @@ class Emulator:
 
     def no_batch(self, *_args: Any, **_kwargs: Any) -> None:
         self.clock.idle()
+        if self.pacer is not None:
+            self.pacer.idle()
 
     def report(self, result: Any, *_args: Any, **_kwargs: Any) -> Any:
         result.internal_state.setdefault(STATE_KEY, {})[EMULATION_KEY] = self.state()
@@ -130,6 +137,8 @@ class Emulator:
             "real_forward": self.config.runs_model,
             "token_id": self.config.token_id,
             **self.clock.state(),
+            "wall_per_device_second": self.config.realtime_factor or 1.0,
+            "realtime": self.pacer.state() if self.pacer is not None else None,
         }
 
 

@@ -40,6 +40,7 @@ def run_on_fresh_server(
     while_running: Callable[[ServerProcess], None] | None = None,
     settings_overrides: Mapping[str, Any] | None = None,
     emulate: str | None = None,
+    emulate_realtime: float | None = None,
 ) -> tuple[JobTotals, dict[str, Any]]:
     """Start a server for one policy, run the job, and stop it.
 
@@ -47,14 +48,15 @@ def run_on_fresh_server(
     thread alongside the job (online traffic, for instance) and is joined before the server stops.
     ``settings_overrides`` change `PluginSettings` fields of the policy's (``record_policy_calls``, for instance).
     ``emulate`` names a device to emulate (`sgl_blend.emulation`): ``model`` may then be a priced
-    shape such as ``llama-3.1-8b``, and the totals carry the job's emulated time.
+    shape such as ``llama-3.1-8b``, and the totals carry the job's emulated time; ``emulate_realtime``
+    makes each emulated forward last that factor times its price on the wall clock.
     """
     from sgl_blend.launch.supervisor import start_server
 
     settings = policy_launch(policy, hardware).updated(**(settings_overrides or {}))
     args = ["--enable-cache-report", *sglang_args]
     if emulate:
-        launch = emulated_launch(emulate, model, args)
+        launch = emulated_launch(emulate, model, args, realtime_factor=emulate_realtime)
         model, args, settings = str(launch.model_path), launch.sglang_args, launch.settings_for(settings)
     server = start_server(model, with_defaults(args, settings.sglang_flags()), log_path=server_log,
                           settings=settings)
@@ -92,8 +94,9 @@ def run_on_server(
         if side_thread:
             side_thread.join()
     if clock is not None:
-        totals.emulated = EmulatedJob(settings.emulation.device, job_time(clock, read_clock(server.base_url,
-                                                                                             server.api_key)))
+        end = read_clock(server.base_url, server.api_key)
+        totals.emulated = EmulatedJob(settings.emulation.device, job_time(clock, end),
+                                      [state.get("realtime") for state in end.ranks.values()][0])
     return totals, scheduler_plugin_state(server)
 
 

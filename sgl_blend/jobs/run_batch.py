@@ -96,6 +96,7 @@ class JobTotals:
             "device": emulated.device if emulated else None,
             "idle_seconds": round(emulated.time.idle_seconds, 3) if emulated else None,
             "device_seconds": round(emulated.time.device_seconds, 3) if emulated else None,
+            "realtime": emulated.realtime if emulated else None,
             "wall_seconds": round(self.wall_seconds, 2),
         }
 
@@ -106,6 +107,9 @@ class EmulatedJob:
 
     device: str
     time: JobTime
+    # The real-time pacer's account (`emulation.realtime`: its factor, and how far the host fell
+    # behind the device), None when forwards returned at once.
+    realtime: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

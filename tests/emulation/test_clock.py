@@ -92,6 +92,21 @@ def test_a_jobs_time_leaves_out_the_idle_after_its_last_forward() -> None:
     assert (job.device_seconds, job.idle_seconds, job.seconds) == (4.0, 1.0, 5.0)
 
 
+
+def test_in_real_time_idle_wall_time_counts_over_the_factor() -> None:
+    """A forward of 4 device seconds lasts 8 wall seconds at factor 2, so 2 wall seconds idle are
+    1 device second."""
+    time = FakeTime()
+    clock = DeviceClock(now=time)
+    before = ClockReading({0: {**clock.state(), "wall_per_device_second": 2.0}})
+    clock.idle()
+    time.now += 2.0
+    clock.forward("prefill", batch_shape([(100, 0)]), 4.0)
+    after = ClockReading({0: {**clock.state(), "wall_per_device_second": 2.0}})
+    job = job_time(before, after)
+    assert (job.device_seconds, job.idle_seconds) == (4.0, 1.0)
+    assert emulated_seconds(before, after) == 5.0
+
 def test_a_server_that_emulates_nothing_is_refused() -> None:
     with pytest.raises(ValueError, match="emulates no device"):
         ClockReading.from_server_info({"internal_states": [{"sgl_blend": {"dp_rank": 0}}]})
