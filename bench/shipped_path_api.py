@@ -24,8 +24,8 @@ from pathlib import Path
 
 import openai
 
-from bench.shipped_path import (DEVICE, GRID, MODEL, POLICIES, RESULTS, TRACES, free_port, judged, markdown, plot,
-                                write_workload)
+from bench.shipped_path import (DEVICE, GRID, MODEL, POLICIES, REALTIME_FACTOR, RESULTS, TRACES, free_port, judged,
+                                markdown, plot, write_workload)
 from sgl_blend.client import http
 from sgl_blend.emulation.clock_reader import job_time, read_clock
 
@@ -36,11 +36,12 @@ POLL_S = 0.5
 READY_TIMEOUT_S = 3 * 3600
 
 
-def serve(policy: str, work: Path, port: int, lock: Path | None) -> subprocess.Popen:
+def serve(policy: str, work: Path, port: int, lock: Path | None, realtime: float | None) -> subprocess.Popen:
     """`sgl-blend serve` for one policy, waited on until it answers."""
     command = [*(["flock", str(lock)] if lock else []), sys.executable, "-m", "sgl_blend.cli", "serve",
                "--model", MODEL, "--emulate", DEVICE, "--offline-policy", policy, "--port", str(port),
-               "--api-key", API_KEY, "--data-dir", str(work / "data"), "--log-file", str(work / "server.log")]
+               "--api-key", API_KEY, "--data-dir", str(work / "data"), "--log-file", str(work / "server.log"),
+               *(["--emulate-realtime", str(realtime)] if realtime else [])]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -54,13 +55,13 @@ def serve(policy: str, work: Path, port: int, lock: Path | None) -> subprocess.P
     raise RuntimeError(f"serve for {policy} did not answer within {READY_TIMEOUT_S} s")
 
 
-def run(policy: str, batch_file: Path, work: Path, lock: Path | None) -> dict:
+def run(policy: str, batch_file: Path, work: Path, lock: Path | None, realtime: float | None) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     lines = batch_file.read_bytes().splitlines(keepends=True)
     parts = [b"".join(lines[index::3]) for index in range(3)]
     port = free_port()
-    server = serve(policy, work, port, lock)
+    server = serve(policy, work, port, lock, realtime)
     base_url = f"http://127.0.0.1:{port}"
     try:
         client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=API_KEY, max_retries=0)
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock", type=Path, default=None, help="flock this file around each run (shared machine)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--work", type=Path, default=Path("/tmp/sgl-blend-shipped-path-api"))
+    parser.add_argument("--realtime", type=float, default=REALTIME_FACTOR, help="serve --emulate-realtime (0: off)")
     args = parser.parse_args(argv)
     out = args.out or RESULTS / f"shipped_path_api_{args.lines}.json"
     results = json.loads(out.read_text()) if out.exists() else {}
@@ -122,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         for policy in args.policies.split(","):
             if policy in entry["runs"]:
                 continue
-            entry["runs"][policy] = run(policy, batch_file, args.work / "runs" / f"{workload}-{policy}", args.lock)
+            entry["runs"][policy] = run(policy, batch_file, args.work / "runs" / f"{workload}-{policy}", args.lock,
+                                        args.realtime or None)
             out.write_text(json.dumps(results, indent=2) + "\n")
             print(f"{workload} {policy}: {entry['runs'][policy]['seconds']} s", flush=True)
     report = judged(results)

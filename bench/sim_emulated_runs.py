@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.shipped_path import REALTIME_FACTOR
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.sim.batch_file import load_batch_file, served_tokenizer
 from sgl_blend.forward_time.overlap import hardware_overlap
@@ -73,7 +74,8 @@ def run_emulated(path: Path, policy: str, folder: Path, reuse: bool = False) -> 
         summary_path.unlink(missing_ok=True)
         command = ["flock", CPU_LOCK, sys.executable, "-m", "sgl_blend.cli", "run-batch", "-i", str(path), "-o",
                    str(out), "--model", MODEL, "--emulate", DEVICE, "--policy", policy, "--summary-json",
-                   str(summary_path), "--server-log", str(log), "--no-progress"]
+                   str(summary_path), "--server-log", str(log), "--no-progress",
+                   "--emulate-realtime", str(REALTIME_FACTOR)]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     batches = [(int(running), int(queued)) for running, queued in _DECODE_LINE.findall(log.read_text())]
     return EmulatedRun(json.loads(summary_path.read_text()), time.monotonic() - started,
