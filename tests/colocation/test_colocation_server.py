@@ -205,7 +205,9 @@ def test_echo_gives_a_free_slot_to_the_request_on_a_resident_prefix(echo_server:
         return loads["loads"][0]["num_waiting_reqs"]
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        long = [pool.submit(generate, echo_server, tokens(100, 40 + index), 200 + 200 * index, offline=True,
+        # Long enough to outlast the two waits below on a loaded 2-core host (200 and 400 tokens
+        # did not, once); the second ends within the iteration log's 256 records of the first.
+        long = [pool.submit(generate, echo_server, tokens(100, 40 + index), 600 + 200 * index, offline=True,
                             rid=f"long-{index}") for index in range(2)]
         wait_for(lambda: (plugin_state(echo_server)["offline"] or {}).get("running", 0) == 2, "both slots taken")
         cold = pool.submit(generate, echo_server, tokens(700, 33), 4, offline=True, rid="cold")
@@ -214,7 +216,7 @@ def test_echo_gives_a_free_slot_to_the_request_on_a_resident_prefix(echo_server:
         wait_for(lambda: waiting() == 2, "warm to wait behind cold")
         assert not any(future.done() for future in long)
         answers = [future.result() for future in (cold, warm, *long)]
-    assert [len(answer["output_ids"]) for answer in answers] == [4, 4, 200, 400]
+    assert [len(answer["output_ids"]) for answer in answers] == [4, 4, 600, 800]
     assert answers[1]["meta_info"]["cached_tokens"] >= len(prefix)
     state = plugin_state(echo_server)
     admitted = {entry[1]: entry[0] for entry in state["offline"]["admissions"]}
