@@ -11,8 +11,10 @@ assignment, not the sender, not a batch that joins later, not a restarted runner
   token) and one index row per line (line number, first token, token count, output bound,
   exact), read back through a memory map.
 
-The folder is written whole before the batch's lines are committed, and a validation that starts
-again rewrites it from the beginning, so a crash never leaves a half-written folder in use.
+Each chunk's records are flushed before its lines are committed and handed to the feed (a line is
+sent while the rest of its batch is still read); the folder is made durable when validation ends,
+and a validation that starts again rewrites it from the beginning, so a crash never leaves a
+half-written folder in use.
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ class PreparedWriter:
         self._index.extend((line_number, self._tokens, len(ids), output_bound, int(exact)))
         self._tokens += len(ids)
         return WorkItem(line_number, ids, output_bound, exact)
+
+    def flush(self) -> None:
+        """Make what was added readable (by `PreparedBatch`, through the OS), not yet durable: a
+        chunk's lines are handed to the feed while the rest of the batch is still being read."""
+        for handle in (self._requests, self._prompts):
+            handle.flush()
 
     def close(self) -> None:
         with (self.folder / PROMPT_INDEX).open("wb") as index:

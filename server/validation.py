@@ -68,6 +68,7 @@ def index_batch(store: BatchStore, owner: str, batch_id: str, input_path: Path, 
     try:
         for rows, items in validate_input(input_path, limits, writer, tokenizer, done=done):
             stored = [row for row in rows if row.line_number not in done]
+            writer.flush()  # the feed reads a stored line's request at once
             store.add_lines(batch_id, owner, stored)
             on_chunk(stored, items)
         writer.close()
