@@ -12,7 +12,6 @@ policies (does the estimate pick the faster one). Writes ``bench/results/estimat
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.sim_emulated_runs import DEVICE, MODEL, batch_file, run_emulated
+from bench.sim_emulated_runs import DEVICE, MODEL, batch_file, comparison_arguments, run_emulated
 
 RESULTS = Path(__file__).parent / "results"
 TARGET = 0.10
@@ -81,17 +80,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="trace1,trace2")
-    parser.add_argument("--n", type=int, default=2000, help="lines per workload")
-    parser.add_argument("--policies", default="blendserve,lpm")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/sgl-blend-sim-vs-emulated"))
-    parser.add_argument("--reuse", action="store_true",
-                        help="read back emulated runs of the same file and policy already in --work-dir")
-    parser.add_argument("--out", type=Path, default=RESULTS / "estimate_check.json")
-    args = parser.parse_args()
-    args.work_dir.mkdir(parents=True, exist_ok=True)
+    args = comparison_arguments(__doc__.splitlines()[0], "blendserve,lpm", RESULTS / "estimate_check.json")
     started = time.monotonic()
     rows = [check(workload, args.n, args.policies.split(","), args.seed, args.work_dir, args.reuse)
             for workload in args.workloads.split(",")]

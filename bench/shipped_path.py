@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -186,6 +187,32 @@ def _relative(runs: dict, policy: str) -> float:
     return runs[policy]["tokens_per_s"] / runs[OURS]["tokens_per_s"]
 
 
+def run_grid(args: argparse.Namespace, out: Path, run_one: Callable[[str, Path, Path], dict]) -> None:
+    """Each of ``args.workloads`` x ``args.policies`` not yet in ``out`` through ``run_one(policy,
+    batch file, work folder)``, the JSON rewritten after every run (a re-run skips what it holds);
+    then the report, table and plot beside it. Shared by this bench and `bench.shipped_path_api`."""
+    results = json.loads(out.read_text()) if out.exists() else {}
+    for workload in args.workloads.split(","):
+        batch_file = args.work / f"{workload.replace(':', '_')}-{args.lines}.jsonl"
+        batch_file.parent.mkdir(parents=True, exist_ok=True)
+        entry = results.setdefault(workload, {"runs": {}})
+        if not batch_file.exists() or "T_o" not in entry:
+            entry.update(write_workload(workload, args.lines, batch_file))
+        for policy in args.policies.split(","):
+            if policy in entry["runs"]:
+                continue
+            entry["runs"][policy] = run_one(policy, batch_file, args.work / "runs" / f"{workload}-{policy}")
+            out.write_text(json.dumps(results, indent=2) + "\n")
+            print(f"{workload} {policy}: {entry['runs'][policy]['seconds']} s, "
+                  f"{entry['runs'][policy]['tokens_per_s']} tok/s", flush=True)
+    report = judged(results)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    out.with_suffix(".report.json").write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(results, report))
+    plot(results, out.with_suffix(".png"))
+    print(markdown(results, report))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=4000)
@@ -200,27 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                              "device starves the emulated engine)")
     args = parser.parse_args(argv)
     out = args.out or RESULTS / f"shipped_path_{args.lines}.json"
-    results = json.loads(out.read_text()) if out.exists() else {}
-    for workload in args.workloads.split(","):
-        batch_file = args.work / f"{workload.replace(':', '_')}-{args.lines}.jsonl"
-        batch_file.parent.mkdir(parents=True, exist_ok=True)
-        entry = results.setdefault(workload, {"runs": {}})
-        if not batch_file.exists() or "T_o" not in entry:
-            entry.update(write_workload(workload, args.lines, batch_file))
-        for policy in args.policies.split(","):
-            if policy in entry["runs"]:
-                continue
-            entry["runs"][policy] = run(policy, batch_file, args.work / "runs" / f"{workload}-{policy}", args.rss,
-                                        args.lock, args.realtime or None)
-            out.write_text(json.dumps(results, indent=2) + "\n")
-            print(f"{workload} {policy}: {entry['runs'][policy]['seconds']} s, "
-                  f"{entry['runs'][policy]['tokens_per_s']} tok/s", flush=True)
-    report = judged(results)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    out.with_suffix(".report.json").write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(results, report))
-    plot(results, out.with_suffix(".png"))
-    print(markdown(results, report))
+    realtime = args.realtime or None
+    run_grid(args, out, lambda policy, batch_file, work: run(policy, batch_file, work, args.rss, args.lock, realtime))
     return 0
 
 

@@ -13,7 +13,6 @@ time the engine had nothing to run). Results go beside `bench.shipped_path`'s, j
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -24,8 +23,8 @@ from pathlib import Path
 
 import openai
 
-from bench.shipped_path import (DEVICE, GRID, MODEL, POLICIES, REALTIME_FACTOR, RESULTS, TRACES, free_port, judged,
-                                markdown, plot, write_workload)
+from bench.shipped_path import (DEVICE, GRID, MODEL, POLICIES, REALTIME_FACTOR, RESULTS, TRACES, free_port,
+                                run_grid)
 from sgl_blend.client import http
 from sgl_blend.emulation.clock_reader import job_time, read_clock
 
@@ -114,25 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--realtime", type=float, default=REALTIME_FACTOR, help="serve --emulate-realtime (0: off)")
     args = parser.parse_args(argv)
     out = args.out or RESULTS / f"shipped_path_api_{args.lines}.json"
-    results = json.loads(out.read_text()) if out.exists() else {}
-    for workload in args.workloads.split(","):
-        batch_file = args.work / f"{workload.replace(':', '_')}-{args.lines}.jsonl"
-        batch_file.parent.mkdir(parents=True, exist_ok=True)
-        entry = results.setdefault(workload, {"runs": {}})
-        if not batch_file.exists() or "T_o" not in entry:
-            entry.update(write_workload(workload, args.lines, batch_file))
-        for policy in args.policies.split(","):
-            if policy in entry["runs"]:
-                continue
-            entry["runs"][policy] = run(policy, batch_file, args.work / "runs" / f"{workload}-{policy}", args.lock,
-                                        args.realtime or None)
-            out.write_text(json.dumps(results, indent=2) + "\n")
-            print(f"{workload} {policy}: {entry['runs'][policy]['seconds']} s", flush=True)
-    report = judged(results)
-    out.with_suffix(".report.json").write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(results, report))
-    plot(results, out.with_suffix(".png"))
-    print(markdown(results, report))
+    realtime = args.realtime or None
+    run_grid(args, out, lambda policy, batch_file, work: run(policy, batch_file, work, args.lock, realtime))
     return 0
 
 

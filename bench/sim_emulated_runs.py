@@ -15,6 +15,7 @@ the runner keeps its window full.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import statistics
@@ -95,3 +96,20 @@ def run_simulated(path: Path, policy: str) -> dict[str, Any]:
             "prompt_tokens": result.prompt_tokens, "output_tokens": result.output_tokens,
             "mean_decodes_per_iteration": decodes / result.iterations if result.iterations else 0.0,
             "wall_seconds": round(time.monotonic() - started, 2)}
+
+
+def comparison_arguments(description: str, policies: str, out: Path) -> argparse.Namespace:
+    """The command line `bench.sim_vs_emulated` and `bench.estimate_check` share (they share their
+    emulated runs through ``--work-dir`` and ``--reuse``), parsed; the work folder made."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--workloads", default="trace1,trace2")
+    parser.add_argument("--n", type=int, default=2000, help="lines per workload")
+    parser.add_argument("--policies", default=policies)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/sgl-blend-sim-vs-emulated"))
+    parser.add_argument("--reuse", action="store_true",
+                        help="read back emulated runs of the same file and policy already in --work-dir")
+    parser.add_argument("--out", type=Path, default=out)
+    args = parser.parse_args()
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    return args

@@ -15,13 +15,12 @@ two part when the runner cannot keep the emulated engine's window full. Writes
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.sim_emulated_runs import DEVICE, MODEL, batch_file, run_emulated, run_simulated
+from bench.sim_emulated_runs import DEVICE, MODEL, batch_file, comparison_arguments, run_emulated, run_simulated
 
 RESULTS = Path(__file__).parent / "results"
 TARGET = 0.05
@@ -70,17 +69,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="trace1,trace2")
-    parser.add_argument("--n", type=int, default=2000, help="lines per workload")
-    parser.add_argument("--policies", default="blendserve,dfs,lpm")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/sgl-blend-sim-vs-emulated"))
-    parser.add_argument("--reuse", action="store_true",
-                        help="read back emulated runs of the same file and policy already in --work-dir")
-    parser.add_argument("--out", type=Path, default=RESULTS / "sim_vs_emulated.json")
-    args = parser.parse_args()
-    args.work_dir.mkdir(parents=True, exist_ok=True)
+    args = comparison_arguments(__doc__.splitlines()[0], "blendserve,dfs,lpm", RESULTS / "sim_vs_emulated.json")
     started = time.monotonic()
     rows = [compare(workload, args.n, policy, args.seed, args.work_dir, args.reuse)
             for workload in args.workloads.split(",") for policy in args.policies.split(",")]

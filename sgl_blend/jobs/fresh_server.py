@@ -96,7 +96,7 @@ def run_on_server(
     if clock is not None:
         end = read_clock(server.base_url, server.api_key)
         totals.emulated = EmulatedJob(settings.emulation.device, job_time(clock, end),
-                                      [state.get("realtime") for state in end.ranks.values()][0])
+                                      next(iter(end.ranks.values())).get("realtime"))
     return totals, scheduler_plugin_state(server)
 
 

@@ -16,23 +16,19 @@ the emulated engine its wall time shows up only as idle time before the first li
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections import deque
 from typing import Hashable, Iterable, Sequence
 
-from sgl_blend.batch_lines.plan import LinePlanner
-from sgl_blend.core.batch_plan import BatchPlan, plan_batch
+from sgl_blend.batch_lines.plan import LinePlanner, RankSpace
+from sgl_blend.core.batch_plan import plan_batch
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.core.dual_scan import WINDOW_MULTIPLE
 from sgl_blend.core.output_length import DEFAULT_FALLBACK, DEFAULT_SAMPLE_RATE
-from sgl_blend.core.placement import MEMORY, SAMPLE, Placement
+from sgl_blend.core.placement import SAMPLE, Placement
 from sgl_blend.core.protocol import OfflineRequest
 from sgl_blend.sim.engine import EngineConfig
 from sgl_blend.sim.workload import SimRequest
-
-# The memory side's positions count down from here, far above any compute side's (RankSpace).
-MEMORY_TOP = 2**40
 
 
 def runner_window(requests: Sequence[SimRequest], config: EngineConfig, kv_capacity: int) -> int:
@@ -43,33 +39,6 @@ def runner_window(requests: Sequence[SimRequest], config: EngineConfig, kv_capac
     footprint = sum(r.prompt_len + r.max_new_tokens / 2.0 for r in requests) / len(requests)
     concurrent = max(1, min(int(kv_capacity / footprint) if footprint else config.max_running, config.max_running))
     return WINDOW_MULTIPLE * concurrent
-
-
-class RankSpace:
-    """Positions for successive plans of one job in one rank space: each plan's compute side is
-    numbered after every earlier compute side, its memory side below every earlier memory side."""
-
-    def __init__(self) -> None:
-        self.next_compute = 0
-        self.next_memory = MEMORY_TOP
-
-    def take_compute(self) -> int:
-        self.next_compute += 1
-        return self.next_compute - 1
-
-    def place(self, plan: BatchPlan) -> dict[Hashable, Placement]:
-        memory = [key for key, placement in plan.placements.items() if placement.side == MEMORY]
-        top = max((plan.placements[key].position for key in memory), default=0)
-        placed = {}
-        for key, placement in plan.placements.items():
-            if placement.side == MEMORY:
-                position = self.next_memory - (top - placement.position)
-            else:
-                position = self.next_compute + placement.position
-            placed[key] = dataclasses.replace(placement, position=position)
-        self.next_compute += len(plan.placements) - len(memory)
-        self.next_memory -= len(memory)
-        return placed
 
 
 class RunnerFeed:
