@@ -32,6 +32,10 @@ from tests.waiting import wait_for
 SLO_S = 1e-3
 KV_TOKENS = 1024
 MAX_RUNNING = 3
+# The BE request must still be decoding when the RT prompt is admitted: it has decoded 100 tokens
+# when the RT request is sent, and 700 more outlast the RT request's HTTP and tokenizer path on a
+# loaded 2-core host (at 400 the BE request once finished first and no slot was taken).
+TAKEOVER_BE_TOKENS = 800
 ENGINE_FLAGS = ("--max-total-tokens", str(KV_TOKENS), "--max-running-requests", str(MAX_RUNNING))
 
 
@@ -58,11 +62,11 @@ def lost_slots_then_finished(server: ServerProcess, rid: str) -> tuple[list[int]
     """A BE request decodes alone; once it has 100 tokens an RT request with a 900-token prompt
     arrives. Returns the BE answer alone, the BE answer interrupted, and the state before/after."""
     prompt = tokens(100, 7)
-    alone = generate(server, prompt, 400, offline=True)["output_ids"]
+    alone = generate(server, prompt, TAKEOVER_BE_TOKENS, offline=True)["output_ids"]
     before = bros(server)
     progress = [0]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        best_effort = pool.submit(generate_streaming, server, prompt, 400, rid, progress)
+        best_effort = pool.submit(generate_streaming, server, prompt, TAKEOVER_BE_TOKENS, rid, progress)
         wait_for(lambda: progress[0] >= 100 or best_effort.done(), "the BE request to decode 100 tokens")
         realtime = generate(server, tokens(900, 8), 8, offline=False)
         interrupted = best_effort.result()["output_ids"]
