@@ -24,9 +24,9 @@ How the paper's terms read here (one reading, used everywhere):
   Echo's online reserve); what they make the cache evict is ordered by Echo's KV priorities
   (`kv_priority`) and is not priced here.
 - **Time** is the latency model's prediction for the whole batch (`IterationBudget`), and the
-  deadline -- Echo's SLO ``min_r(TTFT + i·TPOT - waited)`` (`colocation.deadline_budget`) -- is a
-  hard constraint, as Eq. 3 states it: an adjustment whose predicted batch breaks it is
-  infeasible, never traded against benefit.
+  deadline -- Echo's SLO ``min_r(TTFT + i·TPOT - waited)``, capped by the TBT target and never
+  below the online part (`state_budget.echo_budget`) -- is a hard constraint, as Eq. 3 states it:
+  an adjustment whose predicted batch breaks it is infeasible, never traded against benefit.
 
 The selector, per iteration:
 

@@ -50,6 +50,7 @@ class ColocationState:
     def snapshot(self) -> dict[str, Any]:
         config = self.controller.config
         return {"mode": config.mode, "latency_budget_s": config.latency_budget_s,
+                "headroom_s": config.headroom_s,
                 "latency_model": (config.latency_model or {}).get("form"),
                 "calibration": round(self.controller.calibration, 4), "counts": dict(self.counts),
                 "parked_now": len(self.parked), "pinned_tokens": self.parked.pinned_tokens(),
