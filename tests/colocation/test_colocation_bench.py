@@ -96,6 +96,12 @@ def cell(rate: float, tokens: dict[str, float], violated: dict[str, list[str]] |
             "search": {config: {"trials": []} for config in judge.SEARCHED}}
 
 
+def with_latencies(cell: dict) -> dict:
+    """``cell`` with every run's latencies set (10 ms), as the table reads them."""
+    return {**cell, "runs": {config: {**run, **dict.fromkeys(judge.LATENCIES, 0.01)}
+                             for config, run in cell["runs"].items()}}
+
+
 def test_targets_are_computed_from_the_runs() -> None:
     cells = [cell(0.2, {"hygen": 300, "echo": 100, "bros": 0, judge.BASELINE: 200}),
              cell(0.5, {"hygen": 10, "echo": 500, "bros": 50, judge.BASELINE: 100}, {"echo": ["tbt_p99"]})]
@@ -110,10 +116,24 @@ def test_targets_are_computed_from_the_runs() -> None:
     idle = judge.targets([cell(0.2, {"hygen": 5, "echo": 0})])
     assert idle["over_baseline_at_lowest_load"]["hygen"] == {"poisson@0.2": None}
     assert idle["at_least_1.3x"]["hygen"] and not idle["at_least_1.3x"]["echo"]
-    rows = judge.table([{**cells[0], "runs": {c: {**r, **{m: 0.01 for m in ("ttft_mean", "ttft_p99", "tbt_mean",
-                                                                               "tbt_p99")}}
-                                               for c, r in cells[0]["runs"].items()}}])
+    rows = judge.table([with_latencies(cells[0])])
     assert {row["config"]: row["over_baseline"] for row in rows}["hygen"] == 1.5
+
+
+def test_the_judge_refuses_a_baseline_that_misses_the_slo() -> None:
+    """The priority baseline moved 1,000 tok/s but broke P99 TBT: it scores 0, so HyGen's 300 tok/s
+    (SLO met) is not 0.3x of it but beats it; a failed baseline run scores 0 as well. Met, the
+    same baseline is the yardstick again."""
+    missed = cell(0.2, {"hygen": 300, "echo": 0, judge.BASELINE: 1000}, {judge.BASELINE: ["tbt_p99"]})
+    goal = judge.targets([missed])
+    assert goal["over_baseline_at_lowest_load"]["hygen"] == {"poisson@0.2": None}
+    assert goal["goal_met"] == {"hygen": True, "echo": False, "bros": False}
+    assert {row["config"]: row["over_baseline"] for row in judge.table([with_latencies(missed)])}["hygen"] is None
+    failed = cell(0.2, {"hygen": 300, judge.BASELINE: 1000})
+    failed["runs"][judge.BASELINE]["failed"] = "server died"
+    assert judge.targets([failed])["goal_met"]["hygen"]
+    met = judge.targets([cell(0.2, {"hygen": 300, judge.BASELINE: 1000})])
+    assert met["over_baseline_at_lowest_load"]["hygen"] == {"poisson@0.2": 0.3} and not met["goal_met"]["hygen"]
 
 
 def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_offline_once(
