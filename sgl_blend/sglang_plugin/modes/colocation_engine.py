@@ -30,6 +30,7 @@ from sgl_blend.core.echo_plan import CANDIDATE_WINDOW, OfflineCandidate
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
+from sgl_blend.sglang_plugin.modes.base import add_within_chunk
 from sgl_blend.sglang_plugin.modes.parked_kv import ParkedKV
 
 KEPT_RESUMES = 256
@@ -142,15 +143,7 @@ def add_offline(state: ColocationState, adder: Any, req: Any, has_chunked_req: b
     if chunk <= 0 or (chunk < extend and saved is None):
         state.counts["offline_deferred"] += 1
         return sgl.AddReqResult.OTHER
-    if saved is not None:
-        adder.rem_chunk_tokens = min(saved, chunk)
-    capped = adder.rem_chunk_tokens
-    result = add()
-    if saved is not None:
-        # SGLang judged "budget left?" against the cap; judge it again against the real room.
-        adder.rem_chunk_tokens = saved - (capped - adder.rem_chunk_tokens)
-        if result != sgl.AddReqResult.NO_TOKEN:
-            result = adder.budget_state()
+    result = add_within_chunk(adder, chunk, add)
     if not (adder.can_run_list and adder.can_run_list[-1] is req):
         return result
     truncated = adder.new_chunked_req is req
