@@ -8,7 +8,7 @@ with an `IterationPlan`:
    is charged to the iteration's budget before any offline work.
 2. Offline decodes are kept, oldest first, while the predicted batch time stays within the
    latency budget; the rest are parked for this iteration (HyGen's decode skipping: the engine
-   keeps their KV in the prefix cache and resumes them from it).
+   holds them out of the batch with their KV resident and puts them back without recompute).
 3. The plan's `IterationBudget` then admits offline prefill chunks in the offline policy's order
    (`offline_chunk`), each the longest that fits the residual time, the chunk room and the
    offline memory, and only if the decode iteration that follows also stays within the budget.
