@@ -11,6 +11,7 @@ ratio or a comparison inside one run of one bench.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 MODES = ("hygen", "echo", "bros")
@@ -25,6 +26,30 @@ KNOB_NAMES = {"hygen": "latency budget (s)", "echo": "SLO scale k", "bros": "SLO
 GOAL_RATIO = 1.3
 UTILISATION_BAND = (0.2, 0.6)
 LATENCIES = ("ttft_mean", "ttft_p99", "tbt_mean", "tbt_p99")
+# Echo's and BROS's deadlines are k times online-only's P99 TTFT and TBT. Below k = 1 they ask each
+# online request for less than online-only achieves: at k = 0.5 Echo's TTFT deadline fell below
+# online-only's mean TTFT, its deadline budget clamped to 0 and it ran no offline work.
+MIN_DEADLINE_SCALE = 1.0
+
+
+def deadline_scale(text: str) -> float:
+    """An SLO scale k from the command line, refused below `MIN_DEADLINE_SCALE`."""
+    value = float(text)
+    if value < MIN_DEADLINE_SCALE:
+        raise argparse.ArgumentTypeError(f"{value:g} is below {MIN_DEADLINE_SCALE:g}: the deadlines would ask for "
+                                         "less than online-only achieves")
+    return value
+
+
+def add_deadline_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    """The range both benches search Echo's and BROS's SLO scale k in."""
+    parser.add_argument("--low-echo-scale", type=deadline_scale, default=MIN_DEADLINE_SCALE,
+                        help="Echo's SLO scale k, lowest (at least 1)")
+    parser.add_argument("--low-bros-scale", type=deadline_scale, default=MIN_DEADLINE_SCALE,
+                        help="BROS's SLO scale k, lowest (at least 1; below it the TPOT deadline is also shorter "
+                             "than a decode iteration, every RT request is infeasible and BROS's guard lifts the "
+                             "budget)")
+    parser.add_argument("--high-scale", type=deadline_scale, default=8.0, help="Echo's and BROS's SLO scale k, highest")
 
 
 def ratio(numerator: float, denominator: float) -> float | None:

@@ -53,7 +53,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.colocation_judge import (
-    BASELINE, CONFIGS, KNOB_NAMES, REFERENCES, SEARCHED, markdown_goal, markdown_results, table, targets,
+    BASELINE, CONFIGS, KNOB_NAMES, REFERENCES, SEARCHED, add_deadline_scale_arguments, markdown_goal, markdown_results,
+    table, targets,
 )
 from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
 from bench.load_picker import pick_rate
@@ -346,12 +347,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="every search bisects until its bracket's high/low ratio is at most this")
     parser.add_argument("--low-budget-ms", type=float, default=5.0)
     parser.add_argument("--high-budget-ms", type=float, default=40.0)
-    parser.add_argument("--low-echo-scale", type=float, default=0.5, help="Echo's SLO scale k, lowest")
-    parser.add_argument("--low-bros-scale", type=float, default=1.0,
-                        help="BROS's SLO scale k, lowest: below 1 the TPOT deadline is shorter than a decode "
-                             "iteration, every RT request is infeasible and BROS's guard lifts the budget, so "
-                             "latency stops falling with k")
-    parser.add_argument("--high-scale", type=float, default=8.0, help="Echo's and BROS's SLO scale k, highest")
+    add_deadline_scale_arguments(parser)
     parser.add_argument("--low-rate", type=float, default=0.02, help="searched offline release rate (req/s), lowest")
     parser.add_argument("--high-rate", type=float, default=10.0)
     parser.add_argument("--low-load", type=float, default=0.02, help="online req/s the load picker starts from")

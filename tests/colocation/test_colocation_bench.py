@@ -136,6 +136,19 @@ def test_the_judge_refuses_a_baseline_that_misses_the_slo() -> None:
     assert met["over_baseline_at_lowest_load"]["hygen"] == {"poisson@0.2": 0.3} and not met["goal_met"]["hygen"]
 
 
+def test_both_benches_refuse_deadlines_below_what_online_only_achieves() -> None:
+    """Echo's and BROS's deadlines are k times online-only's P99s: k below 1 is refused, and the
+    searches start at 1."""
+    from bench import colocation as cpu_bench
+
+    for parse in (bench.parse_args, cpu_bench.parse_args):
+        args = parse([])
+        assert (args.low_echo_scale, args.low_bros_scale) == (1.0, 1.0)
+        for flag in ("--low-echo-scale", "--low-bros-scale", "--high-scale"):
+            with pytest.raises(SystemExit):
+                parse([flag, "0.5"])
+
+
 def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_offline_once(
         setup: bench.Setup) -> None:
     arrivals = bench.online_arrivals(setup, "poisson", 1.0, bench.EVAL_SEED)
