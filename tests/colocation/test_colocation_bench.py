@@ -64,6 +64,19 @@ def test_the_rate_searched_priority_baseline_meets_the_slo_it_was_searched_for(s
     assert unbounded["offline_tokens_per_s"] > chosen["offline_tokens_per_s"]
 
 
+def test_the_simulated_hygen_budgets_by_online_state_around_the_online_only_iteration(setup: bench.Setup) -> None:
+    """The searched knob is a headroom over the predicted online-only iteration: 0.1 ms of it still
+    runs offline work (an absolute 0.1 ms budget runs none), and an unbounded one (1 s) is held to
+    the TBT target while online requests decode, so P99 TBT stays within 20% of online-only's (an
+    absolute 1 s budget doubled it) while offline work runs at least as fast."""
+    tune = bench.online_arrivals(setup, "poisson", 1.0, bench.TUNE_SEED)
+    reference = bench.run_config(setup, tune, "online-only", None, bench.TUNE_SEED, None)
+    tight = bench.run_config(setup, tune, "hygen", 1e-4, bench.TUNE_SEED, reference)
+    unbounded = bench.run_config(setup, tune, "hygen", 1.0, bench.TUNE_SEED, reference)
+    assert 0 < tight["offline_tokens_per_s"] <= unbounded["offline_tokens_per_s"]
+    assert unbounded["tbt_p99"] <= 1.2 * reference["tbt_p99"]
+
+
 def test_the_load_picker_reports_the_utilisation_online_only_really_has(setup: bench.Setup) -> None:
     picks = bench.pick_loads(setup, ["poisson"])
     assert [pick["target"] for pick in picks] == setup.args.targets
