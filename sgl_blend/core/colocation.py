@@ -248,16 +248,20 @@ class ColocationController:
         self.demand.window_s, self.demand.sigmas = config.reserve_window_s, config.reserve_sigmas
 
     def latency_budget(self, view: IterationView, model: ScaledModel | None) -> float | None:
-        """This iteration's budget from the online requests' state (`state_budget`)."""
+        """This iteration's budget from the online requests' state (`state_budget`). Echo and a
+        HyGen headroom need a latency model (`ColocationConfig.needs_model`), so ``model`` is set
+        wherever it is read."""
         config = self.config
         if config.mode != "echo" and config.headroom_s is None:
             return config.latency_budget_s
-        online_s = model.predict(online_shape(view.running, view.waiting_online)) if model is not None else 0.0
+        online_s = model.predict(online_shape(view.running, view.waiting_online))
         decoding = any(request.online for request in view.running)
         if config.mode == "echo":
             slack = deadline_budget(view.now, view.running, view.waiting_online, config.ttft_slo_s,
                                     config.tpot_slo_s, config.idle_budget_s)
-            return echo_budget(slack, decoding or bool(view.waiting_online), online_s, config.tpot_slo_s)
+            if not (decoding or view.waiting_online):
+                return slack
+            return echo_budget(slack, online_s, config.tpot_slo_s)
         return hygen_budget(view.now, online_s, decoding, view.waiting_online, config.headroom_s,
                             config.tpot_slo_s, config.ttft_slo_s, config.idle_budget_s)
 

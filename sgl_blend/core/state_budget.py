@@ -64,11 +64,10 @@ def hygen_budget(now: float, online_s: float, decoding: bool, waiting: Sequence[
     return floored(budget, online_s)
 
 
-def echo_budget(slack_s: float | None, online_present: bool, online_s: float, tbt_target_s: float) -> float | None:
-    """Echo's deadline slack capped by the TBT target while online requests are present."""
-    if not online_present:
-        return slack_s
-    return floored(min(slack_s, tbt_target_s) if slack_s is not None else tbt_target_s, online_s)
+def echo_budget(slack_s: float, online_s: float, tbt_target_s: float) -> float:
+    """Echo's deadline slack while online requests are present, capped by the TBT target (every
+    online decode waits the whole iteration for its next token)."""
+    return floored(min(slack_s, tbt_target_s), online_s)
 
 
 def floored(budget: float, online_s: float) -> float:
