@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from bench.colocation_judge import (
-    BASELINE, CONFIGS, KNOB_NAMES, markdown_goal, markdown_results, table, targets,
+    BASELINE, CONFIGS, KNOB_NAMES, add_deadline_scale_arguments, markdown_goal, markdown_results, table, targets,
 )
 from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
 from sgl_blend.core.colocation import ColocationConfig
@@ -431,11 +431,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="every search bisects until its bracket's high/low ratio is at most this")
     parser.add_argument("--low-budget-ms", type=float, default=20.0)
     parser.add_argument("--high-budget-ms", type=float, default=400.0)
-    parser.add_argument("--low-echo-scale", type=float, default=0.5)
-    parser.add_argument("--low-bros-scale", type=float, default=1.0,
-                        help="below 1 BROS's TPOT deadline is shorter than an iteration and its guard lifts the "
-                             "budget, so latency stops falling with k")
-    parser.add_argument("--high-scale", type=float, default=8.0)
+    add_deadline_scale_arguments(parser)
     parser.add_argument("--low-rate", type=float, default=0.05, help="searched offline requests per second, lowest")
     parser.add_argument("--high-rate", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=64, help="offline requests in flight at most")

@@ -14,7 +14,10 @@ Configurations, all on the same arrivals, offline pool, chunk size (``--chunk``)
 cap and KV capacity:
 
 - online-only: no offline work; the SLO reference (P99 TTFT and P99 TBT within 5%).
-- hygen: `ColocationController` in HyGen mode, PSM offline order; its latency budget is searched.
+- hygen: `ColocationController` in HyGen mode, PSM offline order, its budget by online state
+  (`core.state_budget`): the predicted online-only iteration plus a headroom, capped by the SLO
+  targets (the tuning trace's online-only P99 TBT and TTFT plus the tolerance); the headroom,
+  not an absolute budget, is searched.
 - echo: the same controller in Echo mode (its deadlines and plan selector); its SLO settings are
   ``k`` times the tuning trace's online-only P99 TTFT (TTFT deadline) and P99 TBT (TPOT deadline
   and idle-iteration cap), with ``k`` searched.
@@ -53,7 +56,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.colocation_judge import (
-    BASELINE, CONFIGS, KNOB_NAMES, REFERENCES, SEARCHED, markdown_goal, markdown_results, table, targets,
+    BASELINE, CONFIGS, HEADROOM_KNOB, KNOB_NAMES, REFERENCES, SEARCHED, add_deadline_scale_arguments, markdown_goal, markdown_results,
+    table, targets,
 )
 from bench.colocation_plot import CONFIG_COLORS, label_column, latency_figure, plot_online, save_figure
 from bench.load_picker import pick_rate
@@ -135,10 +139,18 @@ def slo_settings(config: str, value: float, reference: dict[str, Any]) -> dict[s
     return {"ttft_s": ttft, "tpot_s": tbt, "idle_s": tbt}
 
 
+def hygen_settings(headroom_s: float, reference: dict[str, Any], tolerance: float) -> dict[str, float]:
+    """HyGen's budget by state: ``headroom_s`` over the predicted online-only iteration, capped by
+    the SLO targets ``reference``'s P99s allow (the TBT target while online requests decode, a
+    waiting request's TTFT slack); with no online request present, the headroom itself."""
+    return {"headroom_s": headroom_s, "tpot_slo_s": reference["tbt_p99"] * (1 + tolerance),
+            "ttft_slo_s": reference["ttft_p99"] * (1 + tolerance)}
+
+
 def simulate(setup: Setup, arrivals: Sequence[OnlineArrival], config: str, value: float | None = None,
              seed: int = 0, reference: dict[str, Any] | None = None) -> Run:
     """One configuration; ``value`` is the searched knob (`KNOB_NAMES`); ``reference`` the
-    online-only run Echo's and BROS's SLO settings are scaled from."""
+    online-only run Echo's and BROS's SLO settings and HyGen's targets come from."""
     args = setup.args
     if config == "bros":
         device = ClockDevice(NoisyClock(setup.step, args.jitter, seed), setup.swap)
@@ -153,8 +165,8 @@ def simulate(setup: Setup, arrivals: Sequence[OnlineArrival], config: str, value
         colocation = ColocationConfig(mode="echo", latency_model=setup.latency_model,
                                       **slo_settings(config, value, reference))
     else:
-        colocation = ColocationConfig(mode="hygen", latency_budget_s=value if config == "hygen" else None,
-                                      latency_model=setup.latency_model)
+        colocation = ColocationConfig(mode="hygen", latency_model=setup.latency_model,
+                                      **(hygen_settings(value, reference, args.tolerance) if config == "hygen" else {}))
     offline: list[SimRequest] = [] if config.endswith("online-only") else setup.offline
     if config.startswith("sglang-priority"):
         policy = SGLangLPMPolicy(setup.cost, seed=seed)
@@ -210,7 +222,7 @@ def run_config(setup: Setup, arrivals: Sequence[OnlineArrival], config: str, val
 
 def knob_range(args: argparse.Namespace, config: str) -> tuple[float, float]:
     if config == "hygen":
-        return args.low_budget_ms / 1000, args.high_budget_ms / 1000
+        return args.low_headroom_ms / 1000, args.high_headroom_ms / 1000
     if config == "echo":
         return args.low_echo_scale, args.high_scale
     if config == "bros":
@@ -232,7 +244,7 @@ def searched(setup: Setup, arrivals: Sequence[OnlineArrival], config: str, slos:
 
     steps = steps_for(low, high, setup.args.resolution)
     outcome = search_budget(evaluate, slos, setup.args.tolerance, low, high, steps)
-    return {"knob": KNOB_NAMES[config], "range": [low, high], "steps": steps,
+    return {"knob": HEADROOM_KNOB if config == "hygen" else KNOB_NAMES[config], "range": [low, high], "steps": steps,
             "value": outcome.budget_s if outcome.budget_s is not None else low,
             "met": outcome.budget_s is not None, "binding": outcome.binding, "trials": trials}
 
@@ -344,14 +356,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tolerance", type=float, default=0.05)
     parser.add_argument("--resolution", type=float, default=1.25,
                         help="every search bisects until its bracket's high/low ratio is at most this")
-    parser.add_argument("--low-budget-ms", type=float, default=5.0)
-    parser.add_argument("--high-budget-ms", type=float, default=40.0)
-    parser.add_argument("--low-echo-scale", type=float, default=0.5, help="Echo's SLO scale k, lowest")
-    parser.add_argument("--low-bros-scale", type=float, default=1.0,
-                        help="BROS's SLO scale k, lowest: below 1 the TPOT deadline is shorter than a decode "
-                             "iteration, every RT request is infeasible and BROS's guard lifts the budget, so "
-                             "latency stops falling with k")
-    parser.add_argument("--high-scale", type=float, default=8.0, help="Echo's and BROS's SLO scale k, highest")
+    parser.add_argument("--low-headroom-ms", type=float, default=0.05,
+                        help="HyGen's headroom over the predicted online-only iteration, lowest")
+    parser.add_argument("--high-headroom-ms", type=float, default=40.0)
+    add_deadline_scale_arguments(parser)
     parser.add_argument("--low-rate", type=float, default=0.02, help="searched offline release rate (req/s), lowest")
     parser.add_argument("--high-rate", type=float, default=10.0)
     parser.add_argument("--low-load", type=float, default=0.02, help="online req/s the load picker starts from")

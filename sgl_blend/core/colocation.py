@@ -8,7 +8,7 @@ with an `IterationPlan`:
    is charged to the iteration's budget before any offline work.
 2. Offline decodes are kept, oldest first, while the predicted batch time stays within the
    latency budget; the rest are parked for this iteration (HyGen's decode skipping: the engine
-   keeps their KV in the prefix cache and resumes them from it).
+   holds them out of the batch with their KV resident and puts them back without recompute).
 3. The plan's `IterationBudget` then admits offline prefill chunks in the offline policy's order
    (`offline_chunk`), each the longest that fits the residual time, the chunk room and the
    offline memory, and only if the decode iteration that follows also stays within the budget.
@@ -25,10 +25,14 @@ keep pinned (`IterationPlan.unpin_tokens`, newest parked first), then running of
 (`IterationPlan.preempt`: newest first in HyGen, at the least punishment in Echo) -- and offline
 admission gets what is left.
 
-The budget is HyGen's fixed per-iteration latency budget ``L`` (found by the SLO profiler), or
-Echo's deadline: the tightest ``TTFT + i·TPOT - waited`` over the online requests, or an idle cap
-when none is present. Echo's online reserve (μ + kσ of recent online KV demand) caps how much KV
-offline work may hold, so an online burst finds room without evicting offline KV.
+The budget depends on what the online requests are doing (`state_budget`). HyGen's is the
+predicted online-only iteration plus a headroom (``headroom_s``, what the SLO search finds),
+capped by the TBT target while online requests decode and by the TTFT slack of a waiting one, and
+the TTFT slack (``idle_budget_s``) when no online request is present -- or, without a headroom,
+the paper's fixed per-iteration budget ``L``. Echo's is the tightest ``TTFT + i·TPOT - waited``
+over the online requests capped by the TBT target, and the same idle cap when none is present.
+Echo's online reserve (μ + kσ of recent online KV demand) caps how much KV offline work may hold,
+so an online burst finds room without evicting offline KV.
 
 No SGLang import: the SGLang plugin and the simulator build views and apply plans the same way.
 """
@@ -45,7 +49,8 @@ from typing import Any, Sequence
 from sgl_blend.core import echo_plan
 from sgl_blend.core.echo_plan import EchoChoices, OfflineCandidate
 from sgl_blend.core.iteration_budget import DEFAULT_MIN_OFFLINE_CHUNK, IterationBudget, RunningRequest, ScaledModel
-from sgl_blend.core.latency_model import LatencyModel, model_from_dict
+from sgl_blend.core.latency_model import BatchShape, model_from_dict
+from sgl_blend.core.state_budget import deadline_budget, echo_budget, hygen_budget
 
 MODES = ("off", "hygen", "echo", "bros")
 DEFAULT_CALIBRATION_ALPHA = 0.05
@@ -57,15 +62,20 @@ class ColocationConfig:
     """How a server co-locates online and offline work; travels to the scheduler inside the
     plugin's settings (`sgl_blend.sglang_plugin.settings`).
 
-    ``latency_budget_s`` is HyGen's per-iteration budget (None: no time cap, memory only).
-    ``ttft_slo_s``/``tpot_slo_s`` are Echo's and BROS's deadlines, and ``idle_budget_s`` their cap
-    on an iteration no online deadline bounds. ``latency_model`` is a fitted model's ``to_dict``.
+    ``latency_budget_s`` is HyGen's fixed per-iteration budget (None: no time cap, memory only);
+    ``headroom_s``, when set, replaces it with HyGen's budget by state (`state_budget`): the
+    predicted online-only iteration plus this headroom, capped by ``tpot_slo_s`` (the TBT target)
+    while online requests decode and by ``ttft_slo_s`` less the wait of a waiting online request.
+    ``ttft_slo_s``/``tpot_slo_s`` are Echo's and BROS's deadlines, and ``idle_budget_s`` every
+    mode's cap on an iteration no online request is in (the TTFT slack). ``latency_model`` is a
+    fitted model's ``to_dict``.
     ``calibration_alpha`` weighs each measured batch in the running measured/predicted ratio
     that scales predictions (0 keeps the fitted model as it is).
     """
 
     mode: str = "off"
     latency_budget_s: float | None = None
+    headroom_s: float | None = None
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     idle_budget_s: float | None = None
@@ -78,7 +88,7 @@ class ColocationConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown co-location mode {self.mode!r}; known: {', '.join(MODES)}")
-        for name in ("latency_budget_s", "ttft_slo_s", "tpot_slo_s", "idle_budget_s"):
+        for name in ("latency_budget_s", "headroom_s", "ttft_slo_s", "tpot_slo_s", "idle_budget_s"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value >= 0):
                 raise ValueError(f"{name} must be a non-negative number of seconds or null, got {value!r}")
@@ -108,7 +118,7 @@ class ColocationConfig:
         return self.mode == "echo"
 
     def needs_model(self) -> bool:
-        return self.latency_budget_s is not None or self.mode in ("echo", "bros")
+        return self.latency_budget_s is not None or self.headroom_s is not None or self.mode in ("echo", "bros")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -202,16 +212,15 @@ class IterationPlan:
         }
 
 
-def deadline_budget(now: float, running: Sequence[RunningRequest], waiting: Sequence[WaitingOnline],
-                    ttft_s: float, tpot_s: float, idle_budget_s: float | None) -> float | None:
-    """Echo's per-iteration SLO: the tightest ``TTFT + i·TPOT - waited`` over online requests,
-    where ``i`` is the index of the token each will produce next (slack carries forward)."""
-    slacks = [ttft_s - (now - request.arrival) for request in waiting]
-    slacks += [ttft_s + request.output_tokens * tpot_s - (now - request.arrival)
-               for request in running if request.online]
-    if not slacks:
-        return idle_budget_s
-    return max(min(slacks), 0.0)
+def online_shape(running: Sequence[RunningRequest], waiting: Sequence[WaitingOnline]) -> BatchShape:
+    """The online part of an iteration: every online decode and every waiting online prompt."""
+    shape = BatchShape()
+    for request in running:
+        if request.online:
+            shape = shape.with_decode(request.context)
+    for request in waiting:
+        shape = shape.with_prefill(request.prompt_tokens)
+    return shape
 
 
 class ColocationController:
@@ -238,12 +247,23 @@ class ColocationController:
         self.model = model_from_dict(config.latency_model) if config.latency_model else None
         self.demand.window_s, self.demand.sigmas = config.reserve_window_s, config.reserve_sigmas
 
-    def latency_budget(self, view: IterationView) -> float | None:
+    def latency_budget(self, view: IterationView, model: ScaledModel | None) -> float | None:
+        """This iteration's budget from the online requests' state (`state_budget`). Echo and a
+        HyGen headroom need a latency model (`ColocationConfig.needs_model`), so ``model`` is set
+        wherever it is read."""
         config = self.config
+        if config.mode != "echo" and config.headroom_s is None:
+            return config.latency_budget_s
+        online_s = model.predict(online_shape(view.running, view.waiting_online))
+        decoding = any(request.online for request in view.running)
         if config.mode == "echo":
-            return deadline_budget(view.now, view.running, view.waiting_online, config.ttft_slo_s,
-                                   config.tpot_slo_s, config.idle_budget_s)
-        return config.latency_budget_s
+            slack = deadline_budget(view.now, view.running, view.waiting_online, config.ttft_slo_s,
+                                    config.tpot_slo_s, config.idle_budget_s)
+            if not (decoding or view.waiting_online):
+                return slack
+            return echo_budget(slack, online_s, config.tpot_slo_s)
+        return hygen_budget(view.now, online_s, decoding, view.waiting_online, config.headroom_s,
+                            config.tpot_slo_s, config.ttft_slo_s, config.idle_budget_s)
 
     def offline_memory(self, view: IterationView) -> tuple[int, int, int]:
         """The KV offline work may still take this iteration, the online reserve behind it, and
@@ -268,8 +288,8 @@ class ColocationController:
 
     def begin(self, view: IterationView) -> IterationPlan:
         offline_memory, reserve, deficit = self.offline_memory(view)
-        latency_s = self.latency_budget(view)
         model = ScaledModel(self.model, self.calibration) if self.model is not None else None
+        latency_s = self.latency_budget(view, model)
         budget = IterationBudget(model, latency_s, view.chunk_tokens, offline_memory, self.config.min_offline_chunk)
         for request in view.running:
             if request.online:

@@ -24,20 +24,22 @@ How the paper's terms read here (one reading, used everywhere):
   Echo's online reserve); what they make the cache evict is ordered by Echo's KV priorities
   (`kv_priority`) and is not priced here.
 - **Time** is the latency model's prediction for the whole batch (`IterationBudget`), and the
-  deadline -- Echo's SLO ``min_r(TTFT + i·TPOT - waited)`` (`colocation.deadline_budget`) -- is a
-  hard constraint, as Eq. 3 states it: an adjustment whose predicted batch breaks it is
-  infeasible, never traded against benefit.
+  deadline -- Echo's SLO ``min_r(TTFT + i·TPOT - waited)``, capped by the TBT target and never
+  below the online part (`state_budget.echo_budget`) -- is a hard constraint, as Eq. 3 states it:
+  an adjustment whose predicted batch breaks it is infeasible, never traded against benefit.
 
 The selector, per iteration:
 
-1. The last batch's offline decodes stay unless memory or the deadline forces them out. When
+1. The last batch's offline decodes -- with the decodes parked before, which the engine holds
+   with their KV resident -- stay unless memory or the deadline forces them out. When
    online demand leaves a memory deficit, offline requests are preempted at the least punishment
    (`preempt_for_memory`). When the deadline cannot carry every decode, those whose marginal time
    is largest are parked: each keeps one token of benefit for its marginal time, so the cheapest
    decodes are the best ratio (`keep_decodes`).
 2. Then prefills, one at a time (`add_prefills`): among the candidates -- waiting offline
-   requests, fresh ones and returning ones (a parked decode comes back as a one-token prefill on
-   its resident KV) -- the feasible whole-prompt admission with the best marginal
+   requests, fresh ones and returning ones (a request sent back to the queue -- preempted, or a
+   decode the engine could not hold -- comes back as a prefill of what the cache no longer holds)
+   -- the feasible whole-prompt admission with the best marginal
    ``benefit / Δtime``, until none fits; then at most one truncated chunk (SGLang carries one
    chunked request at a time), and the selection stops. Every admission adds benefit, so
    "nothing improves" is "nothing fits".

@@ -26,17 +26,23 @@ def add_colocation_arguments(parser: argparse.ArgumentParser) -> None:
                             "residual time, adaptive batch size; runs without the radix cache)")
     group.add_argument("--latency-budget-ms", type=float, default=None,
                        help="hygen: per-iteration latency budget once offline work is added")
+    group.add_argument("--headroom-ms", type=float, default=None,
+                       help="hygen: budget each iteration at the predicted online-only iteration plus this "
+                            "headroom, capped by --tpot-slo-ms while online requests decode and by the TTFT "
+                            "slack of a waiting one; --idle-budget-ms (else the headroom) with none present")
     group.add_argument("--latency-model", type=Path, default=None, help="a `sgl-blend profile --latency` JSON")
     group.add_argument("--latency-form", choices=FORMS, default=None,
                        help="which fitted form to use (default: the file's best on held-out batches)")
     group.add_argument("--slo-file", type=Path, default=None,
                        help="a `sgl-blend tune-slo` result: its budget and latency model")
-    group.add_argument("--ttft-slo-ms", type=float, default=None, help="echo and bros: time-to-first-token deadline")
+    group.add_argument("--ttft-slo-ms", type=float, default=None,
+                       help="echo and bros, and hygen with --headroom-ms: time-to-first-token target")
     group.add_argument("--tpot-slo-ms", type=float, default=None,
-                       help="echo and bros: time-per-output-token deadline")
+                       help="echo and bros, and hygen with --headroom-ms: time-per-output-token target")
     group.add_argument("--idle-budget-ms", type=float, default=None,
-                       help="echo and bros: longest iteration while no online deadline bounds it (an online "
-                            "request that arrives waits for the iteration under way); default unbounded")
+                       help="echo, bros and hygen with --headroom-ms: longest iteration while no online "
+                            "request bounds it (an online request that arrives waits for the iteration under "
+                            "way); default unbounded")
     group.add_argument("--psm-utility", type=float, default=None,
                        help="with --offline-policy psm: probability of taking the prefix-sharing order over "
                             "the oldest request (HyGen's anti-starvation utility u; default 0.9)")
@@ -61,11 +67,13 @@ def colocation_config(args: argparse.Namespace) -> ColocationConfig:
         except (OSError, ValueError) as error:
             raise ValueError(f"cannot use --latency-model {args.latency_model}: {error}") from None
     for key, value in (("mode", args.colocation), ("latency_budget_s", _seconds(args.latency_budget_ms)),
+                       ("headroom_s", _seconds(args.headroom_ms)),
                        ("ttft_slo_s", _seconds(args.ttft_slo_ms)), ("tpot_slo_s", _seconds(args.tpot_slo_ms)),
                        ("idle_budget_s", _seconds(args.idle_budget_ms))):
         if value is not None:
             settings[key] = value
-    if settings.get("latency_budget_s") is not None and "mode" not in settings:
+    budgeted = settings.get("latency_budget_s") is not None or settings.get("headroom_s") is not None
+    if budgeted and "mode" not in settings:
         settings["mode"] = "hygen"
     try:
         return ColocationConfig.from_dict(settings)

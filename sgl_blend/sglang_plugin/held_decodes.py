@@ -117,6 +117,10 @@ class HeldDecodes:
         running_batch.merge_batch(batch)
         return running_batch
 
+    def release(self, rid: str) -> Any | None:
+        """Stop holding ``rid`` without putting it back: the caller takes over its KV (retracts it)."""
+        return self._held.pop(rid, None)
+
     def sweep(self) -> list[Any]:
         """Forget held requests that finished meanwhile (their in-flight result finished them and
         SGLang released their KV); returns them."""

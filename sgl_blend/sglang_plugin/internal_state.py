@@ -20,7 +20,7 @@ STATE_KEY = "sgl_blend"
 SETTING_PREFIX = "sgl_blend_"
 RESET_RECORDS = "reset_records"
 CLEAR_BUDGET = "clear_latency_budget"
-NUMERIC_SETTINGS = ("latency_budget_s", "ttft_slo_s", "tpot_slo_s", "idle_budget_s", "reserve_sigmas",
+NUMERIC_SETTINGS = ("latency_budget_s", "headroom_s", "ttft_slo_s", "tpot_slo_s", "idle_budget_s", "reserve_sigmas",
                     "reserve_window_s", "min_offline_chunk", "calibration_alpha")
 Handler = tuple[Callable[[str, Any], None], Callable[[str, Any], None]]
 

@@ -3,7 +3,7 @@
 RT requests arrive on a fixed trace; BE requests run in a closed loop (a finished one is
 replaced at once, as a batch job keeps its window full). Each iteration a policy picks the batch
 and places its KV, the modelled device says how long it took, and every request in the batch
-produces one token. Policies:
+produces one token, except a prefill chunk short of its prompt's end. Policies:
 
 - ``fcfs``: one first-come-first-served queue over both classes with continuous batching, as
   SGLang and vLLM run by default; admission while KV and the prefill token budget allow, and a
@@ -346,8 +346,9 @@ def simulate(policy_name: str, arrivals: Sequence[Arrival], device: Device, cost
         now += elapsed
         busy += elapsed
         iterations += 1
-        finished = {r.rid for r in batch if r.generated + 1 >= outputs[r.rid]}
-        for request in batch:
+        yielding = [r for r in batch if r.yields_token()]
+        finished = {r.rid for r in yielding if r.generated + 1 >= outputs[r.rid]}
+        for request in yielding:
             for watcher in watchers:
                 watcher.token(request.rid, now)
         policy.done(now, finished, elapsed)

@@ -25,7 +25,7 @@ from sgl_blend.launch.colocation import colocation_launch
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
 from tests.bros.test_bros_launch_and_sim import MODEL
-from tests.colocation.test_colocation_server import generate, generate_streaming, plugin_state, tokens
+from tests.colocation.test_colocation_server import RESET, generate, generate_streaming, plugin_state, set_state, tokens
 from tests.conftest import free_port
 from tests.waiting import wait_for
 
@@ -128,3 +128,24 @@ def test_a_held_request_aborted_by_its_client_is_freed(server: ServerProcess) ->
     assert endings == ["abort", "abort"]
     assert grew(before, after, "held", "aborted") > 0, after["held"]
     assert after["held"]["held_now"] == 0 and after["kv_free"] == after["kv_total"], "the held KV went back"
+
+
+def test_a_long_best_effort_prompt_is_prefilled_in_chunks_sized_to_the_idle_cap(server: ServerProcess) -> None:
+    """With no RT request present a 10 ms idle cap bounds the iteration: the fitted model prices a
+    prefill at 5 ms plus 20 µs a token, so a 600-token BE prompt is computed in forwards of at most
+    250 tokens, each on the prefix the one before computed, instead of in one 17 ms forward."""
+    prompt = tokens(600, 60)
+    before = bros(server)
+    assert set_state(server, {"sgl_blend_idle_budget_s": 0.010, RESET: 1})
+    try:
+        answer = generate(server, prompt, 4, offline=True)
+    finally:
+        assert set_state(server, {"sgl_blend_idle_budget_s": 1e6})
+    assert len(answer["output_ids"]) == 4
+    records = plugin_state(server)["iterations"]
+    chunks = [tuple(chunk) for record in records if record["offline_prefill"] for chunk in record["prefill_chunks"]]
+    assert len(chunks) >= 3 and all(extend <= 250 for extend, _ in chunks), chunks
+    assert [prefix for _, prefix in chunks] == [sum(extend for extend, _ in chunks[:i]) for i in range(len(chunks))]
+    assert sum(extend for extend, _ in chunks) == len(prompt)
+    # Admitted truncated once; SGLang carried the rest as its chunked request, sized by later plans.
+    assert grew(before, bros(server), "takeover", "chunked_by_plan") == 1

@@ -257,3 +257,34 @@ def test_merged_heads_give_the_order_a_full_sort_would_and_unpop_restores_it() -
     assert cursor.peek() is popped[8]
     assert [r.rid for r in queues.take(cursor)] == [r.rid for r in expected[:8]]
     assert [r.rid for r in queues.in_order()] == [r.rid for r in expected[8:]]
+
+
+def test_a_long_best_effort_prompt_is_chunked_to_the_residual_budget_and_yields_no_token_until_its_end() -> None:
+    """An RT decode due in 29.95 ms costs 11 ms; a 2000-token BE prompt (201 ms whole) gets the chunk
+    that fills the rest: 1 ms + 0.1 ms per token more, so 179 tokens (29.9 ms in all)."""
+    bros = scheduler()
+    bros.submit(decoding("rt", True, last_token_at=-0.17005))
+    long = BrosRequest("be", False, arrival=0.0, prompt_len=2000)
+    bros.submit(long)
+    plan = bros.plan(0.0, PLENTY)
+    assert [r.rid for r in plan.best_effort] == ["be"] and long.chunk == 179
+    assert plan.predicted_s == pytest.approx(0.0299) and plan.predicted_s <= plan.budget_s
+    assert not long.yields_token() and long.add_to(BatchShape()).prefill_tokens == 179
+    bros.finish(plan, 0.0299)
+    assert (long.generated, long.prompt_done, long.chunk) == (0, 179, None)
+    # Its next chunk attends to the 179 tokens computed; the step that ends the prompt yields a token.
+    long.chunk = 1821
+    assert long.add_to(BatchShape()).prefill_attention == 1821 * 2000 and long.yields_token()
+    # Had its KV been dropped, the whole prompt would be computed again, on no prefix.
+    long.chunk, long.dropped = None, True
+    assert (long.prompt_left(), long.add_to(BatchShape()).prefill_attention) == (2000, 2000 * 2000)
+
+
+def test_an_empty_batch_runs_a_best_effort_chunk_sized_to_the_idle_cap() -> None:
+    """No RT request: the idle cap (11 ms) bounds the first BE prompt to 100 tokens, not its 5000."""
+    cost = IterationCost(LinearLatencyModel("bros", COEFFICIENTS))
+    bros = BrosScheduler(cost, SLO(ttft_s=0.4, tpot_s=0.2, idle_s=0.011), AdaptiveBatchSize(64, 8))
+    bros.submit(BrosRequest("be", False, arrival=0.0, prompt_len=5000))
+    plan = bros.plan(0.0, PLENTY)
+    assert [(r.rid, r.chunk) for r in plan.best_effort] == [("be", 100)]
+    assert plan.predicted_s == pytest.approx(0.011)

@@ -64,6 +64,19 @@ def test_the_rate_searched_priority_baseline_meets_the_slo_it_was_searched_for(s
     assert unbounded["offline_tokens_per_s"] > chosen["offline_tokens_per_s"]
 
 
+def test_the_simulated_hygen_budgets_by_online_state_around_the_online_only_iteration(setup: bench.Setup) -> None:
+    """The searched knob is a headroom over the predicted online-only iteration: 0.1 ms of it still
+    runs offline work (an absolute 0.1 ms budget runs none), and an unbounded one (1 s) is held to
+    the TBT target while online requests decode, so P99 TBT stays within 20% of online-only's (an
+    absolute 1 s budget doubled it) while offline work runs at least as fast."""
+    tune = bench.online_arrivals(setup, "poisson", 1.0, bench.TUNE_SEED)
+    reference = bench.run_config(setup, tune, "online-only", None, bench.TUNE_SEED, None)
+    tight = bench.run_config(setup, tune, "hygen", 1e-4, bench.TUNE_SEED, reference)
+    unbounded = bench.run_config(setup, tune, "hygen", 1.0, bench.TUNE_SEED, reference)
+    assert 0 < tight["offline_tokens_per_s"] <= unbounded["offline_tokens_per_s"]
+    assert unbounded["tbt_p99"] <= 1.2 * reference["tbt_p99"]
+
+
 def test_the_load_picker_reports_the_utilisation_online_only_really_has(setup: bench.Setup) -> None:
     picks = bench.pick_loads(setup, ["poisson"])
     assert [pick["target"] for pick in picks] == setup.args.targets
@@ -96,6 +109,12 @@ def cell(rate: float, tokens: dict[str, float], violated: dict[str, list[str]] |
             "search": {config: {"trials": []} for config in judge.SEARCHED}}
 
 
+def with_latencies(cell: dict) -> dict:
+    """``cell`` with every run's latencies set (10 ms), as the table reads them."""
+    return {**cell, "runs": {config: {**run, **dict.fromkeys(judge.LATENCIES, 0.01)}
+                             for config, run in cell["runs"].items()}}
+
+
 def test_targets_are_computed_from_the_runs() -> None:
     cells = [cell(0.2, {"hygen": 300, "echo": 100, "bros": 0, judge.BASELINE: 200}),
              cell(0.5, {"hygen": 10, "echo": 500, "bros": 50, judge.BASELINE: 100}, {"echo": ["tbt_p99"]})]
@@ -110,10 +129,37 @@ def test_targets_are_computed_from_the_runs() -> None:
     idle = judge.targets([cell(0.2, {"hygen": 5, "echo": 0})])
     assert idle["over_baseline_at_lowest_load"]["hygen"] == {"poisson@0.2": None}
     assert idle["at_least_1.3x"]["hygen"] and not idle["at_least_1.3x"]["echo"]
-    rows = judge.table([{**cells[0], "runs": {c: {**r, **{m: 0.01 for m in ("ttft_mean", "ttft_p99", "tbt_mean",
-                                                                               "tbt_p99")}}
-                                               for c, r in cells[0]["runs"].items()}}])
+    rows = judge.table([with_latencies(cells[0])])
     assert {row["config"]: row["over_baseline"] for row in rows}["hygen"] == 1.5
+
+
+def test_the_judge_refuses_a_baseline_that_misses_the_slo() -> None:
+    """The priority baseline moved 1,000 tok/s but broke P99 TBT: it scores 0, so HyGen's 300 tok/s
+    (SLO met) is not 0.3x of it but beats it; a failed baseline run scores 0 as well. Met, the
+    same baseline is the yardstick again."""
+    missed = cell(0.2, {"hygen": 300, "echo": 0, judge.BASELINE: 1000}, {judge.BASELINE: ["tbt_p99"]})
+    goal = judge.targets([missed])
+    assert goal["over_baseline_at_lowest_load"]["hygen"] == {"poisson@0.2": None}
+    assert goal["goal_met"] == {"hygen": True, "echo": False, "bros": False}
+    assert {row["config"]: row["over_baseline"] for row in judge.table([with_latencies(missed)])}["hygen"] is None
+    failed = cell(0.2, {"hygen": 300, judge.BASELINE: 1000})
+    failed["runs"][judge.BASELINE]["failed"] = "server died"
+    assert judge.targets([failed])["goal_met"]["hygen"]
+    met = judge.targets([cell(0.2, {"hygen": 300, judge.BASELINE: 1000})])
+    assert met["over_baseline_at_lowest_load"]["hygen"] == {"poisson@0.2": 0.3} and not met["goal_met"]["hygen"]
+
+
+def test_both_benches_refuse_deadlines_below_what_online_only_achieves() -> None:
+    """Echo's and BROS's deadlines are k times online-only's P99s: k below 1 is refused, and the
+    searches start at 1."""
+    from bench import colocation as cpu_bench
+
+    for parse in (bench.parse_args, cpu_bench.parse_args):
+        args = parse([])
+        assert (args.low_echo_scale, args.low_bros_scale) == (1.0, 1.0)
+        for flag in ("--low-echo-scale", "--low-bros-scale", "--high-scale"):
+            with pytest.raises(SystemExit):
+                parse([flag, "0.5"])
 
 
 def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_offline_once(

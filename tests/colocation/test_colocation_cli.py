@@ -5,6 +5,7 @@ server would fail at once, since tests/conftest.py lets only tests marked ``serv
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 from pathlib import Path
@@ -13,6 +14,10 @@ from typing import Iterator
 import pytest
 
 from sgl_blend.cli import main
+from sgl_blend.launch.colocation_flags import add_colocation_arguments, colocation_config
+
+LINEAR_FIT = {"form": "hygen", "coefficients": {name: 0.0 for name in
+                                                ("intercept", "S_p", "S_d", "S_p^2", "S_d^2", "N_p", "N_d")}}
 
 
 @pytest.fixture(autouse=True)
@@ -34,11 +39,24 @@ def test_serve_refuses_a_budget_without_a_latency_model(capsys: pytest.CaptureFi
     assert "needs a fitted latency model" in err and "profile --latency" in err
 
 
+def test_a_headroom_makes_a_hygen_budget_by_state_and_needs_a_latency_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused(capsys, "serve", "--model", "tiny-llama", "--headroom-ms", "2")
+    assert "needs a fitted latency model" in err
+    model = tmp_path / "fit.json"
+    model.write_text(json.dumps(LINEAR_FIT))
+    parser = argparse.ArgumentParser()
+    add_colocation_arguments(parser)
+    config = colocation_config(parser.parse_args(["--headroom-ms", "2", "--tpot-slo-ms", "40", "--ttft-slo-ms", "300",
+                                                  "--idle-budget-ms", "5", "--latency-model", str(model)]))
+    assert (config.mode, config.latency_budget_s, config.headroom_s) == ("hygen", None, 0.002)
+    assert (config.tpot_slo_s, config.ttft_slo_s, config.idle_budget_s) == (0.04, 0.3, 0.005)
+
+
 def test_serve_refuses_echo_without_deadlines_and_a_bad_slo_file(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "fit.json"
-    model.write_text(json.dumps({"form": "hygen", "coefficients": {name: 0.0 for name in
-                                 ("intercept", "S_p", "S_d", "S_p^2", "S_d^2", "N_p", "N_d")}}))
+    model.write_text(json.dumps(LINEAR_FIT))
     err = refused(capsys, "serve", "--model", "tiny-llama", "--colocation", "echo", "--latency-model", str(model))
     assert "echo mode needs ttft_slo_s and tpot_slo_s" in err
     broken = tmp_path / "slo.json"

@@ -14,6 +14,7 @@ from sgl_blend.core.colocation import (
     deadline_budget,
 )
 from sgl_blend.core.latency_model import LinearLatencyModel
+from sgl_blend.core.state_budget import NEAR_ZERO_FRACTION
 from sgl_blend.core.psm_policy import utility_order
 
 # 1 ms per iteration, 10 µs per prefill token, 1 µs per decode context token.
@@ -153,3 +154,29 @@ def test_calibration_scales_predictions_toward_what_batches_really_took() -> Non
     frozen = controller(latency_budget_s=0.004, calibration_alpha=0.0)
     frozen.observe(0.002, 0.006)
     assert frozen.calibration == 1.0
+
+
+def test_hygen_budget_switches_with_the_online_state() -> None:
+    """Headroom 2 ms over the predicted online part, capped by the TBT target (4 ms) while online
+    requests decode and by the TTFT slack of a waiting one; the TTFT slack (7 ms) when no online
+    request is present; never below the online part (plus 1%) however tight the caps."""
+    hygen = controller(headroom_s=0.002, tpot_slo_s=0.004, ttft_slo_s=0.1, idle_budget_s=0.007)
+    idle = hygen.begin(IterationView(now=10.0, running=[offline("a", 1000)], waiting_online=[], kv_capacity=100_000))
+    assert idle.budget.latency_s == pytest.approx(0.007)
+    # One online decode of 500 tokens: 1.5 ms predicted, + 2 ms headroom = 3.5 ms, under the 4 ms cap.
+    decoding = hygen.begin(IterationView(now=10.0, running=[RunningRequest("on", True, 500), offline("a", 1000)],
+                                         waiting_online=[], kv_capacity=100_000))
+    assert decoding.budget.latency_s == pytest.approx(0.0035)
+    # Online decodes of 2500 tokens: 3.5 ms + 2 ms is capped at the TBT target.
+    long = hygen.begin(IterationView(now=10.0, running=[RunningRequest("on", True, 2500)], waiting_online=[],
+                                     kv_capacity=100_000))
+    assert long.budget.latency_s == pytest.approx(0.004)
+    # A waiting prompt that has waited 97.5 ms of its 100: 2.5 ms for the whole iteration, half a
+    # millisecond more than its own prefill (1 ms + 100 tokens at 10 µs), less than the headroom allows.
+    waiting = hygen.begin(IterationView(now=10.0, running=[], waiting_online=[WaitingOnline("new", 100, 8, 9.9025)],
+                                        kv_capacity=100_000))
+    assert waiting.budget.latency_s == pytest.approx(0.0025)
+    # One that is already late: its prefill (4 ms) runs, and offline work gets 1% beside it.
+    late = hygen.begin(IterationView(now=10.0, running=[], waiting_online=[WaitingOnline("new", 300, 8, 9.0)],
+                                     kv_capacity=100_000))
+    assert late.budget.latency_s == pytest.approx(0.004 * (1 + NEAR_ZERO_FRACTION))

@@ -134,11 +134,12 @@ def test_preempted_offline_request_resumes_from_its_cache_with_identical_output(
     its KV is retracted, resumes from the cached prompt and those tokens, and writes what it
     writes undisturbed."""
     prompt, decoded = tokens(300, 7), 100
-    undisturbed = generate(server, prompt, 600, offline=True, rid="undisturbed")
+    # 1,500 tokens: at 600 a fast host finished the offline request before the online one arrived.
+    undisturbed = generate(server, prompt, 1500, offline=True, rid="undisturbed")
     requests.post(f"{server.base_url}/flush_cache", timeout=60).raise_for_status()
     progress = [0]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        interrupted = pool.submit(generate_streaming, server, prompt, 600, "interrupted", progress)
+        interrupted = pool.submit(generate_streaming, server, prompt, 1500, "interrupted", progress)
         wait_for(lambda: progress[0] >= decoded or interrupted.done(), f"the offline request to decode {decoded} tokens")
         online = generate(server, tokens(3400, 8), 8, offline=False)
         resumed = interrupted.result()
@@ -163,32 +164,41 @@ def test_settings_change_at_runtime_and_bad_ones_are_refused(server: ServerProce
     assert plugin_state(server)["colocation"]["latency_budget_s"] is None
 
 
-def test_a_parked_offline_decode_keeps_its_kv_pinned_through_an_online_burst(server: ServerProcess) -> None:
-    """A zero latency budget parks the offline decode (HyGen's decode skipping); online requests
-    then insert more distinct prompts than the pool holds, so an unpinned checkpoint, the least
-    recently used entry, would be evicted. Pinned, it survives: the request resumes from every
-    token it had computed and writes what it writes undisturbed."""
+def test_a_parked_offline_decode_is_held_with_its_kv_through_an_online_burst_and_resumes_without_a_prefill(
+        server: ServerProcess) -> None:
+    """A zero latency budget parks the offline decode (HyGen's decode skipping): it leaves the
+    batch with its KV resident. Online requests then insert more distinct prompts than the pool
+    holds; the held KV is not the cache's to evict. Once the budget is lifted the decode goes back
+    into the batch as it was: no forward from the park until it has decoded 20 more tokens prefills
+    a single offline token (a retracted decode would come back through a prefill), and it writes
+    what it writes undisturbed. (Its 1,000 tokens outlast the moment the budget takes effect on a
+    fast host; those 20 tokens keep the forwards counted within the iteration log's 256 records.)"""
     prompt = tokens(300, 21)
-    undisturbed = generate(server, prompt, 300, offline=True, rid="pinned-undisturbed")
+    undisturbed = generate(server, prompt, 1000, offline=True, rid="held-undisturbed")
     requests.post(f"{server.base_url}/flush_cache", timeout=60).raise_for_status()
     progress = [0]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        parked = pool.submit(generate_streaming, server, prompt, 300, "pinned", progress)
+        parked = pool.submit(generate_streaming, server, prompt, 1000, "held", progress)
         try:
             wait_for(lambda: progress[0] >= 50, "the offline request to decode 50 tokens")
-            assert set_state(server, {"sgl_blend_latency_budget_s": 0.0})
-            wait_for(lambda: plugin_state(server)["colocation"]["pinned_tokens"] > 0, "the offline decode to be parked")
-            pinned = plugin_state(server)["colocation"]["pinned_tokens"]
+            assert set_state(server, {"sgl_blend_latency_budget_s": 0.0, RESET: 1})
+            wait_for(lambda: plugin_state(server)["colocation"]["held"]["held_now"] == 1, "the offline decode held")
+            held = plugin_state(server)["colocation"]["held"]
             for index in range(6):
                 assert len(generate(server, tokens(700, 2000 + index), 4, offline=False)["output_ids"]) == 4
             state = plugin_state(server)["colocation"]
-            assert state["pinned_tokens"] == pinned and state["parked_now"] == 1, state
+            assert state["held"]["held_now"] == 1 and state["held"]["held_tokens"] == held["held_tokens"], state
+            held_at = progress[0]
         finally:
             set_state(server, {"sgl_blend_clear_latency_budget": 1})
+        wait_for(lambda: progress[0] >= held_at + 20 or parked.done(), "the held decode to decode 20 more tokens")
+        state = plugin_state(server)
         resumed = parked.result()
     assert resumed["output_ids"] == undisturbed["output_ids"]
-    resumes = [entry for entry in plugin_state(server)["colocation"]["resumes"] if entry["rid"] == "pinned"]
-    assert resumes and resumes[-1]["resumed_prefix"] >= pinned - 1, resumes
+    assert state["colocation"]["held"]["resumes"] > held["resumes"], state["colocation"]["held"]
+    offline_prefills = [record for record in state["iterations"] if record["offline_prefill"]]
+    assert not offline_prefills, offline_prefills
+    assert any(record["offline_decode"] for record in state["iterations"])
 
 
 def test_echo_gives_a_free_slot_to_the_request_on_a_resident_prefix(echo_server: ServerProcess) -> None:

@@ -15,7 +15,8 @@ from sgl_blend.core.colocation import (
 from sgl_blend.core.echo_plan import (
     ADD_PREFILL, ADD_RESUME, CANDIDATE_WINDOW, KEEP_DECODE, PARK_DECODE, PREEMPT, OfflineCandidate,
 )
-from sgl_blend.core.latency_model import LinearLatencyModel
+from sgl_blend.core.latency_model import BatchShape, LinearLatencyModel
+from sgl_blend.core.state_budget import NEAR_ZERO_FRACTION
 
 # 1 ms per iteration, 10 µs per prefill token, 1 µs per decode context token.
 MODEL = LinearLatencyModel("hygen", (1e-3, 1e-5, 1e-6, 0.0, 0.0, 0.0, 0.0))
@@ -156,6 +157,7 @@ def test_the_selection_never_breaks_the_deadline_nor_the_offline_memory(seed: in
     controller = echo()
     slack = rng.uniform(0.0015, 0.02)
     running = [online_with_slack(slack, rng.randint(10, 500))]
+    online_only = BatchShape().with_decode(running[0].context)
     running += [offline(f"d{i}", rng.randint(10, 3000), reserved=rng.randint(0, 300)) for i in range(rng.randint(0, 6))]
     capacity = rng.randint(3000, 20_000)
     plan = controller.begin(view(running, kv_capacity=capacity, chunk_tokens=rng.choice([None, 512, 2048])))
@@ -171,18 +173,34 @@ def test_the_selection_never_breaks_the_deadline_nor_the_offline_memory(seed: in
         candidate = by_rid[rid]
         assert 0 < chunk <= candidate.extend
         budget.commit_offline_prefill(chunk, candidate.prefix, chunk == candidate.extend, candidate.max_new_tokens)
-    assert budget.predicted_s() <= slack + 1e-12
+    assert budget.predicted_s() <= max(slack, plan.budget.latency_s) + 1e-12
+    assert plan.budget.latency_s <= max(slack, MODEL.predict(online_only) * (1 + NEAR_ZERO_FRACTION)) + 1e-12
     assert budget.offline_memory >= 0 or not admit
     assert sum(chunk + by_rid[rid].max_new_tokens for rid, chunk in admit.items()) <= max(memory, 0)
     assert sum(1 for rid, chunk in admit.items() if chunk < by_rid[rid].extend) <= 1
 
 
-def test_online_work_past_the_deadline_leaves_nothing_to_offline_work() -> None:
+def test_online_work_past_the_deadline_leaves_offline_work_only_what_costs_next_to_nothing() -> None:
+    """The online part (1 ms + 0.1 ms decode + a 400-token prompt, 4 ms) is past the 1 ms slack:
+    the budget is the online part plus 1%, 51 µs. A one-token prefill (10 µs) still goes; the
+    offline decode (0.1 ms) and a 100-token prefill (1 ms) do not."""
     controller = echo()
     plan = controller.begin(view([online_with_slack(0.001), offline("a", 100)],
                                  [WaitingOnline("new", 400, 16, 9.9)]))
     assert plan.park == ["a"]
-    assert controller.choose_offline(plan, [OfflineCandidate("c", 1, 0, 1)], truncate=True) == {}
+    assert plan.budget.latency_s == pytest.approx(0.0051 * (1 + NEAR_ZERO_FRACTION))
+    candidates = [OfflineCandidate("big", 100, 0, 1), OfflineCandidate("c", 1, 0, 1)]
+    assert controller.choose_offline(plan, candidates, truncate=False) == {"c": 1}
+
+
+def test_echo_caps_an_iteration_at_the_tbt_target_and_takes_the_idle_cap_without_online_requests() -> None:
+    """A deadline 500 ms away still leaves an online decode waiting one iteration per token: the
+    iteration is capped at the TBT target (50 ms); a nearer deadline (3 ms) binds instead; with no
+    online request present the idle cap (7 ms) does."""
+    controller = echo(idle_budget_s=0.007)
+    assert controller.begin(view([online_with_slack(0.5), offline("a", 100)])).budget.latency_s == pytest.approx(TPOT_S)
+    assert controller.begin(view([online_with_slack(0.003)])).budget.latency_s == pytest.approx(0.003)
+    assert controller.begin(view([offline("a", 100)])).budget.latency_s == pytest.approx(0.007)
 
 
 def test_the_summary_reports_the_decisions_and_their_rate() -> None:

@@ -9,7 +9,9 @@ Each iteration the running set is rebuilt from scratch:
 2. BE requests, fewest checkpointed tokens first (least swap time), join while the batch size,
    free slots (`FindBlock`: BE requests never take slots) and the budget allow; one that does not
    fit may replace the least urgent RT request instead. That RT request goes back to the head
-   of its queue; the first BE request that fits neither way ends the pass.
+   of its queue. A BE prompt that fits neither way gets the longest prefill chunk the residual
+   budget allows (as SGLang chunks a prompt, one chunked request per iteration), and the pass
+   ends there.
 
 Guards where the paper is silent (systems.md: "guard the empty/infeasible cases"):
 
@@ -21,7 +23,8 @@ Guards where the paper is silent (systems.md: "guard the empty/infeasible cases"
   a violation for the adaptive batch size.
 - Empty batch: the most urgent RT request always runs, even alone over budget, since an idle
   iteration only brings every deadline closer; with no RT request to run, the first BE request
-  runs even over the idle cap, which would otherwise hold back a long prompt forever.
+  runs a chunk sized to the idle cap (at least `MIN_CHUNK` tokens), so a long prompt neither
+  waits forever nor holds an RT arrival past the cap.
 - Replacement keeps the formulation's constraint (6): the displaced RT request must still meet
   its deadline if it runs in the next iteration (residual ≥ this batch + the average iteration).
 
@@ -38,9 +41,12 @@ from sgl_blend.core.bros.batch_size import AdaptiveBatchSize, Pressure
 from sgl_blend.core.bros.cost import IterationCost
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 from sgl_blend.core.bros.urgency import MergedCursor, RealtimeQueues
+from sgl_blend.core.iteration_budget import DEFAULT_MIN_OFFLINE_CHUNK
 from sgl_blend.core.latency_model import BatchShape
 
 AVERAGE_WEIGHT = 0.2
+# The shortest prefill chunk a BE prompt is given (the co-location planner's minimal offline chunk).
+MIN_CHUNK = DEFAULT_MIN_OFFLINE_CHUNK
 
 
 @dataclass(frozen=True)
@@ -155,15 +161,16 @@ def _step_sums(request: BrosRequest) -> tuple[int, int, int, int, int]:
     maximum that a removed request does not lower (an upper bound, for Echo's form only)."""
     if request.is_prefill():
         extend = request.extend_tokens()
-        return extend, 1, extend * extend, 0, 0
+        return extend, 1, extend * (request.prefix_tokens() + extend), 0, 0
     return 0, 0, 0, 1, request.prompt_len + request.generated
 
 
-def _swap_order(request: BrosRequest) -> tuple[bool, int, int]:
-    """BE packing order: started requests by checkpointed tokens (their swap cost), then new
-    ones, oldest first. A new request has nothing to swap, but starting it while started ones
-    wait for their checkpointed tokens would fill the room they need to come back."""
-    return not request.prefilled, request.host_tokens, request.seq
+def _swap_order(request: BrosRequest) -> tuple[bool, bool, int, int]:
+    """BE packing order: started requests by checkpointed tokens (their swap cost), then a prompt
+    part-way through its chunks (it holds KV already), then new ones, oldest first. A new request
+    has nothing to swap, but starting it while started ones wait for their checkpointed tokens
+    would fill the room they need to come back."""
+    return not request.prefilled, request.prompt_done == 0, request.host_tokens, request.seq
 
 
 class BrosScheduler:
@@ -241,20 +248,45 @@ class BrosScheduler:
                           now: float) -> tuple[list[BrosRequest], int]:
         replaced = 0
         for request in sorted(self.best_effort.values(), key=_swap_order):
+            request.chunk = None
             if not ledger.fits_best_effort(request):
                 break
-            if len(batch) < limit and (batch.time_with(request) <= budget or not len(batch)):
+            if len(batch) < limit and batch.time_with(request) <= budget:
                 self._add_best_effort(request, batch, ledger)
                 continue
             victim = batch.realtime[-1] if batch.realtime else None
-            if victim is None or not self._may_replace(victim, request, batch, ledger, budget, limit, now):
-                break
-            batch.drop_last_realtime()
-            cursor.unpop()
-            ledger.realtime -= ledger.need(victim)
-            self._add_best_effort(request, batch, ledger)
-            replaced += 1
+            if victim is not None and self._may_replace(victim, request, batch, ledger, budget, limit, now):
+                batch.drop_last_realtime()
+                cursor.unpop()
+                ledger.realtime -= ledger.need(victim)
+                self._add_best_effort(request, batch, ledger)
+                replaced += 1
+                continue
+            if len(batch) < limit and self._chunk_to_budget(request, batch, budget):
+                self._add_best_effort(request, batch, ledger)
+            break
         return batch.best_effort, replaced
+
+    @staticmethod
+    def _chunk_to_budget(request: BrosRequest, batch: _Batch, budget: float) -> bool:
+        """Give a BE prompt the longest chunk that keeps the batch within ``budget`` (at least
+        `MIN_CHUNK` in an empty batch, which must run something); False when none fits."""
+        left = request.prompt_left()
+        if not left:
+            return not len(batch)
+        low, high = 0, left
+        while high - low > 1:
+            request.chunk = (low + high) // 2
+            if batch.time_with(request) <= budget:
+                low = request.chunk
+            else:
+                high = request.chunk
+        floor = min(MIN_CHUNK, left)
+        if low < floor and len(batch):
+            request.chunk = None
+            return False
+        request.chunk = max(low, floor)
+        return True
 
     def _may_replace(self, victim: BrosRequest, request: BrosRequest, batch: _Batch, ledger: _Ledger,
                      budget: float, limit: int, now: float) -> bool:

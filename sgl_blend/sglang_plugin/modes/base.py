@@ -14,11 +14,27 @@ from typing import Any, Callable
 
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.kv_priority import ReuserIndex
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 
 
 def free_kv_tokens(tree_cache: Any) -> int:
     """Slots a request can get now: free ones, and cached ones the radix cache would evict."""
     return int(tree_cache.token_to_kv_pool_allocator.available_size() + tree_cache.evictable_size())
+
+
+def add_within_chunk(adder: Any, chunk: int, add: Callable[[], Any]) -> Any:
+    """SGLang's ``add`` with the adder's chunk room capped at ``chunk`` tokens: SGLang truncates
+    the prompt to the cap and carries the rest as its chunked request. The room is then restored
+    less what the request took, and "budget left?" judged again against it, since SGLang judged it
+    against the cap. Without chunked prefill (no chunk room) the request is added as it is."""
+    saved = adder.rem_chunk_tokens
+    if saved is None:
+        return add()
+    adder.rem_chunk_tokens = min(saved, chunk)
+    capped = adder.rem_chunk_tokens
+    result = add()
+    adder.rem_chunk_tokens = saved - (capped - adder.rem_chunk_tokens)
+    return result if result == sgl.AddReqResult.NO_TOKEN else adder.budget_state()
 
 
 class Mode:

@@ -11,7 +11,10 @@ RT request may take). The plan is applied to the engine:
   (`held_decodes`); held BE requests the plan takes are put back, their checkpointed KV first
   restored (`kv_checkpoint`); RT decodes always run;
 - SGLang's prefill adder admits exactly the waiting requests the plan chose, in the plan's order
-  (RT by residual time, then BE);
+  (RT by residual time, then BE); a BE prompt the plan chunks to the residual budget (or, with no
+  RT request present, to the idle cap) is admitted with that chunk and SGLang carries the rest as
+  its chunked request, whose later chunks later plans size (a chunked prefill the plan leaves out
+  runs `MIN_CHUNK` tokens: SGLang cannot pause it);
 - an RT request short of KV -- refused by the adder, or in a decode step that does not fit --
   takes slots of BE requests, held ones first, checkpointing only the slots it takes
   (`slot_takeover`), instead of waiting or letting SGLang retract it;
@@ -39,7 +42,7 @@ from typing import Any, Callable
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
 from sgl_blend.core.bros.cost import IterationCost
 from sgl_blend.core.bros.metrics import ServiceMetrics
-from sgl_blend.core.bros.packing import BrosPlan, BrosScheduler, MemoryState
+from sgl_blend.core.bros.packing import MIN_CHUNK, BrosPlan, BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 from sgl_blend.core.bros.takeover import plan_takeover
 from sgl_blend.core.colocation import ColocationConfig
@@ -49,7 +52,7 @@ from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.guard import guarded
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes, in_flight, resident_tokens
 from sgl_blend.sglang_plugin.kv_checkpoint import KVCheckpoint
-from sgl_blend.sglang_plugin.modes.base import Mode, free_kv_tokens
+from sgl_blend.sglang_plugin.modes.base import Mode, add_within_chunk, free_kv_tokens
 from sgl_blend.sglang_plugin.slot_takeover import SlotTakeover
 
 logger = logging.getLogger(__name__)
@@ -61,14 +64,20 @@ def best_effort(req: Any) -> bool:
     return is_offline(req.routing_key)
 
 
+def slo_of(config: ColocationConfig) -> SLO:
+    """BROS's RT deadlines and idle cap from the co-location settings (BROS's defaults where unset)."""
+    return SLO(config.ttft_slo_s or SLO.ttft_s, config.tpot_slo_s or SLO.tpot_s, config.idle_budget_s or math.inf)
+
+
 class BrosState:
     def __init__(self, config: ColocationConfig, max_running: int) -> None:
-        self.slo = SLO(config.ttft_slo_s or SLO.ttft_s, config.tpot_slo_s or SLO.tpot_s, config.idle_budget_s or math.inf)
+        self.slo = slo_of(config)
         self.cost = IterationCost(model_from_dict(config.latency_model))
         self.batch_size = AdaptiveBatchSize(max_running)
         self.metrics = ServiceMetrics(self.slo, start=time.monotonic())
         self.average_iteration_s = 0.0
         self.admit: dict[str, int] | None = None
+        self.chunks: dict[str, int] = {}
         self.tokens: dict[str, tuple[int, float]] = {}
         self.last_plan: dict[str, Any] = {}
         self.plans = 0
@@ -77,13 +86,14 @@ class BrosState:
         return {"metrics": self.metrics.summary(time.monotonic()), "batch_size": self.batch_size.current, "plans": self.plans,
                 "last_plan": self.last_plan, "average_iteration_s": round(self.average_iteration_s, 6)}
 
-    def request(self, req: Any, now: float, waiting: bool, host_tokens: int) -> BrosRequest:
+    def request(self, req: Any, now: float, waiting: bool, host_tokens: int, prompt_done: int = 0) -> BrosRequest:
         """The core's view of an engine request. One in the waiting queue with output already was
-        retracted by SGLang and recomputes prompt and output as one prefill."""
+        retracted by SGLang and recomputes prompt and output as one prefill; SGLang's chunked
+        request has ``prompt_done`` of its prompt computed."""
         produced, last = self.tokens.get(req.rid, (0, None))
         return BrosRequest(req.rid, not best_effort(req), getattr(req, "blend_arrival", now),
                            max(len(req.origin_input_ids), 1), generated=produced, last_token_at=last,
-                           host_tokens=host_tokens, dropped=waiting and produced > 0)
+                           host_tokens=host_tokens, dropped=waiting and produced > 0, prompt_done=prompt_done)
 
     def plan_iteration(self, scheduler: Any, running: list[Any], held: list[Any],
                        host_tokens: Callable[[str], int]) -> BrosPlan:
@@ -94,11 +104,15 @@ class BrosState:
         waiting = {req.rid for req in scheduler.waiting_queue}
         engine = [req for req in [*running, *held, *scheduler.waiting_queue] if not req.finished()]
         requests = [self.request(req, now, req.rid in waiting, host_tokens(req.rid)) for req in engine]
+        chunked = scheduler.chunked_req
+        if chunked is not None and not chunked.finished() and all(req is not chunked for req in engine):
+            requests.append(self.request(chunked, now, False, 0, int(chunked.prefix_len)))
         for request in sorted(requests, key=lambda r: (r.prefilled, r.arrival)):
             bros.submit(request)
         resident = {req.rid: resident_tokens(req) for req in [*running, *held] if best_effort(req) and not req.finished()}
         plan = bros.plan(now, MemoryState(free_kv_tokens(scheduler.tree_cache), best_effort_resident=resident))
         self.admit = {request.rid: position for position, request in enumerate(plan.requests) if request.rid in waiting}
+        self.chunks = {request.rid: request.extend_tokens() for request in plan.best_effort if request.prompt_left()}
         self.last_plan = plan.summary()
         self.plans += 1
         return plan
@@ -116,7 +130,7 @@ class BrosMode(Mode):
         self.takeover = SlotTakeover(self.held, self.checkpoint, best_effort)
         self.scheduler: Any = None
         self._forward_ct = -1
-        self.counts = {"held_by_plan": 0, "empty_batch_resumes": 0}
+        self.counts = {"held_by_plan": 0, "empty_batch_resumes": 0, "chunked_by_plan": 0}
         # A warning, so it shows before SGLang has configured logging in the scheduler process.
         logger.warning("sgl-blend bros mode: Alg. 1 by residual time with an adaptive batch size; BE decodes left "
                        "out are held with their KV resident, RT requests short of KV take BE slots (checkpointed "
@@ -203,6 +217,7 @@ class BrosMode(Mode):
     @guarded("state", FAILED)
     def end_iteration(self) -> None:
         self.state.admit = None
+        self.state.chunks = {}
 
     @guarded("state", FAILED)
     def may_admit(self, req: Any) -> bool | None:
@@ -210,15 +225,41 @@ class BrosMode(Mode):
         return None if self.state.admit is None else req.rid in self.state.admit
 
     def admit(self, adder: Any, req: Any, has_chunked_req: bool, add: Callable[[], Any]) -> Any:
-        """An RT request the adder refuses for want of KV takes it from BE requests."""
-        if self.state is None or best_effort(req):
+        """An RT request the adder refuses for want of KV takes it from BE requests; a BE prompt
+        is admitted with the chunk the plan gives it."""
+        if self.state is None:
             return add()
         try:
+            if best_effort(req):
+                return self._admit_chunk(adder, req, has_chunked_req, add)
             return self.takeover.admit(self.scheduler, adder, req, add)
         except Exception:
             logger.exception(FAILED)
             self.state = None
             return sgl.AddReqResult.OTHER
+
+    def _admit_chunk(self, adder: Any, req: Any, has_chunked_req: bool, add: Callable[[], Any]) -> Any:
+        """Within the plan's chunk; a truncated prompt ends the pass, as SGLang's own does. While
+        SGLang carries a chunked request already, a prompt that would be truncated waits (SGLang
+        carries one at a time)."""
+        chunk = self.state.chunks.get(req.rid)
+        if chunk is None:
+            return add()
+        if has_chunked_req and chunk < len(req.full_untruncated_fill_ids) - req.prefix_len:
+            return sgl.AddReqResult.OTHER
+        result = add_within_chunk(adder, chunk, add)
+        if adder.new_chunked_req is not req:
+            return result
+        self.counts["chunked_by_plan"] += 1
+        adder.rem_chunk_tokens = 0
+        return sgl.AddReqResult.OTHER
+
+    @guarded("state", FAILED)
+    def chunked_limit(self, req: Any) -> int | None:
+        """A BE chunked prefill under way runs the chunk the plan gives it, or a minimal one."""
+        if not best_effort(req):
+            return None
+        return self.state.chunks.get(req.rid, MIN_CHUNK)
 
     def note_arrival(self, scheduler: Any, req: Any) -> None:
         """Every new request, online or offline: its arrival starts its TTFT clock."""
@@ -258,6 +299,13 @@ class BrosMode(Mode):
     @guarded("held", HELD_FAILED)
     def abort_held(self, scheduler: Any, rid: str, abort_all: bool, finished_reason: Any) -> None:
         self.held.abort(scheduler, rid, abort_all, finished_reason)
+
+    def reconfigure(self, changes: dict[str, Any]) -> ColocationConfig:
+        """New deadlines or idle cap (``/set_internal_state``) take effect from the next plan."""
+        config = super().reconfigure(changes)
+        if self.state is not None:
+            self.state.slo = self.state.metrics.slo = slo_of(config)
+        return config
 
     def snapshot(self) -> dict[str, Any]:
         """The plan's state, and where the KV is: free slots of the pool (``kv_free`` of

@@ -4,14 +4,15 @@ Each iteration, before SGLang builds a batch, the mode turns the scheduler's sta
 `IterationView`, asks the `ColocationController` for a plan, and has `colocation_engine` apply it:
 
 - online first: when online requests wait, an offline chunked prefill in flight gives up the
-  chunk slot, the "batch is full" latch is reset, and offline decodes give up request slots;
-- the plan parks the offline decodes it skips, and decode iterations park offline work first
-  when KV runs out;
+  chunk slot, the "batch is full" latch is reset, and offline requests give up request slots;
+- the plan parks the offline decodes it skips -- held out of the batch with their KV resident and
+  put back, without recompute, when a later plan keeps them -- and a decode iteration short of KV
+  retracts held offline requests first, then running ones;
 - the prefill adder admits offline chunks only within the plan's budget, and online requests
   take KV from running offline work when they are short of it.
 
-HyGen and Echo differ in the controller (a fixed latency budget against per-request deadlines and
-an online KV reserve), in Echo's KV priorities, which the radix backend reads through the
+HyGen and Echo differ in the controller (a latency budget, fixed or by online state, against
+per-request deadlines and an online KV reserve), in Echo's KV priorities, which the radix backend reads through the
 offline pool's reuser counts, and in who picks the offline work: HyGen admits it in the offline
 policy's order while the budget lasts; Echo's selector (`core.echo_plan`) picks which decodes to
 keep and, once the pool has ordered the waiting queue (`order_offline`), which waiting offline
@@ -30,44 +31,78 @@ from sgl_blend.core.colocation import ColocationConfig, IterationPlan
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin.guard import guarded
+from sgl_blend.sglang_plugin.held_decodes import HeldDecodes
 from sgl_blend.sglang_plugin.modes.base import Mode
 from sgl_blend.sglang_plugin.modes.colocation_engine import (
-    ColocationState, add_offline, add_online, iteration_view, offline_newest_first, park_running,
-    release_to_cache, remaining_output, select_offline,
+    ColocationState, add_offline, add_online, hold_running, iteration_view, offline_newest_first, park_running,
+    release_to_cache, remaining_output, resume_held, retract_held, select_offline,
 )
 
 logger = logging.getLogger(__name__)
 FAILED = "sgl-blend co-location failed; falling back to SGLang's own scheduling"
+HELD_FAILED = "sgl-blend could not give held decodes back to SGLang"
 
 
 class ColocationMode(Mode):
     def __init__(self, config: ColocationConfig) -> None:
         super().__init__(config)
-        self.state: ColocationState | None = ColocationState(config)
+        self.held: HeldDecodes | None = HeldDecodes()
+        self.state: ColocationState | None = ColocationState(config, self.held)
 
     @property
     def kv_priorities(self) -> bool:
         return self.state is not None and self.state.controller.config.kv_priorities
 
     def _plan(self, scheduler: Any, batch: Any) -> IterationPlan:
+        """Plan the iteration over the running batch and the held decodes; preempt and hold what
+        the plan says. Held decodes it keeps are put back by the caller (`before_prefill`)."""
         state = self.state
         if len(state.parked):
             state.counts["parked_gone"] += state.parked.forget_missing(req.rid for req in scheduler.waiting_queue)
+        state.held.sweep()
         echo = state.controller.config.mode == "echo"
-        plan = state.controller.begin(iteration_view(scheduler, batch, state.parked.pinned_tokens(), shares=echo))
+        plan = state.controller.begin(iteration_view(scheduler, batch, state.parked.pinned_tokens(), shares=echo,
+                                                     held=state.held.requests()))
         if plan.unpin_tokens:
             state.parked.drop_newest(plan.unpin_tokens)
         preempted = set(plan.preempt)
+        retract_held(state, scheduler, [req for req in state.held.requests() if req.rid in preempted],
+                     "preempted_for_memory")
         park_running(state, scheduler, batch, [req for req in batch.reqs if req.rid in preempted],
                      "preempted_for_memory", pin=False)
-        parked = set(plan.park)
-        park_running(state, scheduler, batch, [req for req in batch.reqs if req.rid in parked], "parked_for_budget")
+        hold_running(state, scheduler, batch, set(plan.park))
         state.plan = plan
         return plan
 
+    def _reclaim_slots(self, scheduler: Any, running_batch: Any, waiting_online: int) -> None:
+        """Online requests short of request slots take them from offline work: held requests
+        first (they keep a slot without running), then the newest running ones."""
+        state = self.state
+        short = waiting_online - scheduler.get_num_allocatable_reqs(len(running_batch.reqs),
+                                                                    running_batch=running_batch)
+        if short <= 0:
+            return
+        held = list(reversed(state.held.requests()))[:short]
+        retract_held(state, scheduler, held, "slots_reclaimed")
+        short -= len(held)
+        if short > 0:
+            park_running(state, scheduler, running_batch, offline_newest_first(running_batch)[:short],
+                         "slots_reclaimed")
+
+    def before_prefill(self, scheduler: Any, running_batch: Any) -> Any:
+        planned = self._plan_prefill(scheduler, running_batch)
+        return planned if planned is not None else self._give_back(scheduler, running_batch)
+
+    @guarded("held", HELD_FAILED)
+    def _give_back(self, scheduler: Any, running_batch: Any) -> Any:
+        """Co-location is off: every held decode goes back to SGLang as soon as it can."""
+        self.held.sweep()
+        return self.held.resume(scheduler, running_batch, self.held.requests())
+
     @guarded("state", FAILED)
-    def before_prefill(self, scheduler: Any, running_batch: Any) -> None:
-        """Online first, then the iteration's plan."""
+    def _plan_prefill(self, scheduler: Any, running_batch: Any) -> Any:
+        """Online first, then the iteration's plan; returns the running batch with the held
+        decodes the plan keeps put back."""
         state = self.state
         waiting_online = sum(1 for req in scheduler.waiting_queue if not is_offline(req.routing_key))
         if waiting_online:
@@ -78,18 +113,16 @@ class ColocationMode(Mode):
                 scheduler._add_request_to_queue(chunked, is_retracted=True)
                 state.counts["chunk_slot_reclaimed"] += 1
             running_batch.batch_is_full = False
-            slots = scheduler.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch)
-            short = waiting_online - slots
-            if short > 0:
-                park_running(state, scheduler, running_batch, offline_newest_first(running_batch)[:short],
-                             "slots_reclaimed")
-        self._plan(scheduler, running_batch)
+            self._reclaim_slots(scheduler, running_batch, waiting_online)
+        plan = self._plan(scheduler, running_batch)
+        running_batch = resume_held(state, scheduler, running_batch, {*plan.park, *plan.preempt})
         chunked = scheduler.chunked_req
         state.continuing = None
         if chunked is not None and is_offline(chunked.routing_key):
             state.continuing = (len(chunked.full_untruncated_fill_ids) - chunked.prefix_len, chunked.prefix_len,
                                 remaining_output(chunked))
         state.may_truncate = chunked is None and scheduler.chunked_prefill_size is not None
+        return running_batch
 
     @guarded("state", FAILED)
     def order_offline(self, waiting_queue: list, tree_cache: Any, reusers: ReuserIndex | None) -> None:
@@ -108,15 +141,29 @@ class ColocationMode(Mode):
 
     @guarded("state", FAILED)
     def before_decode(self, scheduler: Any, batch: Any) -> None:
-        """The decode iteration's plan; offline decodes give way first when KV runs out."""
+        """The decode iteration's plan; when KV runs out, parked KV is unpinned, then held offline
+        requests give theirs back, newest first, then running offline ones."""
+        state = self.state
         self._plan(scheduler, batch)
-        if not batch.check_decode_mem():
-            self.state.parked.drop_newest(len(batch.reqs))
+        if batch.check_decode_mem():
+            return
+        state.parked.drop_newest(len(batch.reqs))
+        for req in reversed(state.held.requests()):
+            if batch.check_decode_mem():
+                return
+            retract_held(state, scheduler, [req], "memory_reclaimed")
         while not batch.check_decode_mem():
             victims = offline_newest_first(batch)
             if not victims or len(batch.reqs) == 1:
                 break
-            park_running(self.state, scheduler, batch, victims[:1], "memory_reclaimed", pin=False)
+            park_running(state, scheduler, batch, victims[:1], "memory_reclaimed", pin=False)
+
+    def holding(self) -> bool:
+        return self.held is not None and self.held.any()
+
+    @guarded("held", HELD_FAILED)
+    def abort_held(self, scheduler: Any, rid: str, abort_all: bool, finished_reason: Any) -> None:
+        self.held.abort(scheduler, rid, abort_all, finished_reason)
 
     @guarded("state", FAILED)
     def end_iteration(self) -> dict[str, Any] | None:
@@ -184,6 +231,6 @@ class ColocationMode(Mode):
         config = self.current_config().updated(changes)
         if self.state is not None:
             self.state.controller.reconfigure(changes)
-        elif config.enabled:
-            self.state = ColocationState(config)
+        elif config.enabled and self.held is not None:
+            self.state = ColocationState(config, self.held)
         return config

@@ -1,9 +1,13 @@
 """Co-location plans carried out with SGLang's own mechanisms: scheduler state in, `core.colocation` plans out.
 
-- the view: the scheduler's running batch and waiting queue become an `IterationView`;
-- parking: an offline decode the plan skips, or one whose memory an online request needs, is
-  released with its KV checkpointed into the radix cache (prompt and generated tokens alike), and
-  goes back to the waiting queue; it resumes from that cache with a one-token prefill;
+- the view: the scheduler's running batch, the decodes held out of it and the waiting queue become
+  an `IterationView`;
+- parking holds: an offline decode the plan skips leaves the running batch with its KV resident
+  (`held_decodes`, as BROS holds its best-effort decodes) and is put back, without recompute, in
+  the first iteration whose plan keeps it;
+- preemption retracts: an offline request whose memory online work needs (or whose request slot
+  an online request needs) is released with its KV checkpointed into the radix cache and goes back
+  to the waiting queue, from where it resumes by prefilling what the cache no longer holds;
 - offline prefill: the prefill adder caps each offline chunk at what the plan's budget allows
   and makes a truncated offline chunk the pass's last admission (SGLang tracks one chunked
   request at a time);
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from sgl_blend.core.colocation import (
     ColocationConfig, ColocationController, IterationPlan, IterationView, RunningRequest, WaitingOnline,
@@ -30,17 +34,22 @@ from sgl_blend.core.echo_plan import CANDIDATE_WINDOW, OfflineCandidate
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
+from sgl_blend.sglang_plugin.held_decodes import HeldDecodes, in_flight
+from sgl_blend.sglang_plugin.modes.base import add_within_chunk
 from sgl_blend.sglang_plugin.modes.parked_kv import ParkedKV
 
 KEPT_RESUMES = 256
 
 
 class ColocationState:
-    def __init__(self, config: ColocationConfig) -> None:
+    """``held`` is the mode's: it outlives a state that fails, so the held decodes can be given back."""
+
+    def __init__(self, config: ColocationConfig, held: HeldDecodes) -> None:
         self.controller = ColocationController(config)
         self.plan: IterationPlan | None = None
         self.counts: Counter[str] = Counter()
         self.parked = ParkedKV()
+        self.held = held
         self.resumes: deque[dict[str, Any]] = deque(maxlen=KEPT_RESUMES)
         # What Echo's selection needs of this prefill pass beyond the plan: the offline chunked
         # prefill under way (extend, prefix, max new tokens), and whether a new one may start.
@@ -50,8 +59,10 @@ class ColocationState:
     def snapshot(self) -> dict[str, Any]:
         config = self.controller.config
         return {"mode": config.mode, "latency_budget_s": config.latency_budget_s,
+                "headroom_s": config.headroom_s,
                 "latency_model": (config.latency_model or {}).get("form"),
                 "calibration": round(self.controller.calibration, 4), "counts": dict(self.counts),
+                "held": self.held.snapshot(),
                 "parked_now": len(self.parked), "pinned_tokens": self.parked.pinned_tokens(),
                 "dropped_pinned_tokens": self.parked.dropped_tokens, "resumes": list(self.resumes)}
 
@@ -78,14 +89,16 @@ def held_by_others(req: Any) -> int:
     return held
 
 
-def iteration_view(scheduler: Any, running_batch: Any, parked_tokens: int = 0, shares: bool = False) -> IterationView:
-    """``shares``: fill in what each running offline request shares with other locks (Echo's
-    preemption punishment reads it; HyGen does not, so it is not walked for)."""
+def iteration_view(scheduler: Any, running_batch: Any, parked_tokens: int = 0, shares: bool = False,
+                   held: Sequence[Any] = ()) -> IterationView:
+    """``held``: offline decodes held out of the batch, which the plan may keep (put back) or park
+    again like the running ones. ``shares``: fill in what each running offline request shares with
+    other locks (Echo's preemption punishment reads it; HyGen does not, so it is not walked for)."""
     now = time.monotonic()
     running = [RunningRequest(req.rid, not is_offline(req.routing_key), _context(req), remaining_output(req),
                               getattr(req, "blend_arrival", now), len(req.output_ids),
                               held_by_others(req) if shares and is_offline(req.routing_key) else 0)
-               for req in running_batch.reqs if not req.finished()]
+               for req in [*running_batch.reqs, *held] if not req.finished()]
     waiting = [WaitingOnline(req.rid, _context(req), remaining_output(req), getattr(req, "blend_arrival", now))
                for req in scheduler.waiting_queue if not is_offline(req.routing_key)]
     chunked = scheduler.chunked_req
@@ -108,8 +121,8 @@ def release_to_cache(state: ColocationState, req: Any, tree_cache: Any, pin: boo
 
 def park_running(state: ColocationState, scheduler: Any, batch: Any, reqs: list[Any], reason: str,
                  pin: bool = True) -> None:
-    """Take ``reqs`` out of the running batch back to the waiting queue; ``pin`` (a park, not a
-    preemption for memory) keeps their KV resident."""
+    """Take ``reqs`` out of the running batch back to the waiting queue; ``pin`` keeps their
+    checkpointed KV resident until they return (`ParkedKV`)."""
     if not reqs:
         return
     chosen = {id(req) for req in reqs}
@@ -120,6 +133,35 @@ def park_running(state: ColocationState, scheduler: Any, batch: Any, reqs: list[
     batch.filter_batch(keep_indices=keep)
     batch.batch_is_full = False
     state.counts[reason] += len(reqs)
+
+
+def hold_running(state: ColocationState, scheduler: Any, batch: Any, rids: set[str]) -> None:
+    """Park the offline decodes ``rids`` of the running batch: held with their KV resident; one that
+    cannot be held (`held_decodes.holdable`) goes back to the queue with its KV pinned instead."""
+    chosen = [req for req in batch.reqs if req.rid in rids]
+    held = state.held.hold(scheduler, batch, chosen)
+    state.counts["held_for_budget"] += len(held)
+    kept = {id(req) for req in held}
+    park_running(state, scheduler, batch, [req for req in chosen if id(req) not in kept], "parked_for_budget")
+
+
+def resume_held(state: ColocationState, scheduler: Any, running_batch: Any, parked: set[str]) -> Any:
+    """Put back every held decode the plan does not park; returns the running batch to use."""
+    back = [req for req in state.held.requests() if req.rid not in parked]
+    return state.held.resume(scheduler, running_batch, back)
+
+
+def retract_held(state: ColocationState, scheduler: Any, reqs: list[Any], reason: str) -> None:
+    """Give back a held request's KV: it leaves the held set for the waiting queue, checkpointed into
+    the radix cache without a pin, as a running request preempted for memory does."""
+    flying = in_flight(scheduler)
+    for req in reqs:
+        if state.held.get(req.rid) is not req or req.finished() or id(req) in flying:
+            continue
+        state.held.release(req.rid)
+        release_to_cache(state, req, scheduler.tree_cache, pin=False)
+        scheduler._add_request_to_queue(req, is_retracted=True)
+        state.counts[reason] += 1
 
 
 def offline_newest_first(batch: Any, exclude: Any = ()) -> list[Any]:
@@ -141,15 +183,7 @@ def add_offline(state: ColocationState, adder: Any, req: Any, has_chunked_req: b
     if chunk <= 0 or (chunk < extend and saved is None):
         state.counts["offline_deferred"] += 1
         return sgl.AddReqResult.OTHER
-    if saved is not None:
-        adder.rem_chunk_tokens = min(saved, chunk)
-    capped = adder.rem_chunk_tokens
-    result = add()
-    if saved is not None:
-        # SGLang judged "budget left?" against the cap; judge it again against the real room.
-        adder.rem_chunk_tokens = saved - (capped - adder.rem_chunk_tokens)
-        if result != sgl.AddReqResult.NO_TOKEN:
-            result = adder.budget_state()
+    result = add_within_chunk(adder, chunk, add)
     if not (adder.can_run_list and adder.can_run_list[-1] is req):
         return result
     truncated = adder.new_chunked_req is req

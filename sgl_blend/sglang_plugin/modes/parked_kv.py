@@ -1,11 +1,14 @@
-"""Parked offline decodes keep their KV pinned in the radix cache until they resume or are dropped.
+"""Offline work sent back to the waiting queue keeps its KV pinned in the radix cache until it returns.
 
-HyGen skips an offline decode for an iteration when the latency budget has no room for it. The
-engine parks it by checkpointing everything it has computed into the radix cache and sending it
-back to the waiting queue, from where it resumes with a one-token prefill. Left at that, the
-checkpointed KV is an ordinary evictable cache entry, and an online burst evicts it: the parked
-request then recomputes its whole prompt and output (HyGen §4.3: preempted offline requests keep
-their state). So a park takes a tree lock on the node the checkpoint ended on; the lock goes when
+A parked offline decode is held out of the batch with its KV resident (`held_decodes`); other
+offline work still goes back to the waiting queue with its KV checkpointed into the radix cache:
+an offline chunked prefill under way when online requests wait (SGLang carries one chunked request
+at a time, and the online prompt needs the slot), a running offline request whose request slot an
+online request needs, and a decode that cannot be held (speculative decoding, beam search,
+encoder-decoder models). Left at that, the checkpoint is an ordinary
+evictable cache entry, and an online burst evicts it: the request then recomputes everything
+(HyGen §4.3: preempted offline requests keep their state). So such a park takes a tree lock on the
+node the checkpoint ended on; the lock goes when
 
 - the request is admitted again (its own admission has locked the same path by then),
 - the co-location plan deliberately drops parked KV because online demand needs the memory
