@@ -14,10 +14,11 @@ the forward. The pacer models exactly that: a forward that follows another witho
 going idle begins when the previous one ended; after an idle spell (`idle`) it begins when it is
 called. When the host was slower than the device -- the call comes after the forward should
 already have ended -- the forward returns at once and the lateness is counted (``behind_*``): it is
-the measure of whether ``factor`` is large enough for this host. The pacer needs the scheduler's
-own overlap switched off (``--disable-overlap-schedule``): with it on, SGLang would process a
-batch's result only after the next forward's sleep, and every token would reach the client one
-forward late.
+the measure of whether ``factor`` is large enough for this host. SGLang's own overlap
+scheduler stays as a stock server has it (on), so job times are a stock engine's; latencies are
+not: with it on, SGLang processes a batch's result only after the next forward's sleep, so every token
+reaches the client one forward late, and a run judged on latency passes
+``--disable-overlap-schedule``.
 """
 
 from __future__ import annotations
