@@ -71,7 +71,6 @@ class PluginRuntime:
         model = settings.priced_model(server_args.model_path)
         name = settings.offline_policy
         options = {"utility": settings.psm_utility} if name == PSMPolicy.name and settings.psm_utility is not None else {}
-        options["batches_in_flight"] = 1 if server_args.disable_overlap_schedule else 2
         reusers = ReuserIndex() if self.mode.kv_priorities else None
         return OfflinePool(make_offline_policy(name, model, settings.device(server_args.tp_size), **options), name,
                            int(tree_cache.token_to_kv_pool_allocator.size), reusers,

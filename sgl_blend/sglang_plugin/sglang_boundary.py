@@ -230,8 +230,7 @@ SURFACES = (
     Surface(f"{CACHE}.registry.TreeCacheBuildContext", "params", "context", "building the backend's cache"),
     Surface("sglang.srt.runtime_context.ParallelContext", "dp_rank", "sgl.get_parallel()",
             "the DP rank in /server_info"),
-    Surface("sglang.srt.server_args.ServerArgs", "model_path tp_size disable_overlap_schedule", "server_args",
-            "the pool's cost model, and when a forward's prefix reaches the radix cache"),
+    Surface("sglang.srt.server_args.ServerArgs", "model_path tp_size", "server_args", "the pool's cost model"),
 )
 
 

@@ -112,25 +112,3 @@ def test_a_shared_prefix_is_computed_once_not_by_every_request_admitted_with_it(
     policy.advance(1)
     second = [request.rid for request in policy.propose(10**6, 100)]
     assert sorted(first + second) == sorted(request.rid for request in requests)
-
-
-@pytest.mark.parametrize("batches_in_flight", [1, 2])
-def test_a_request_waits_until_the_forward_computing_its_shared_prefix_has_been_processed(batches_in_flight: int) -> None:
-    """Two requests share a 400-token prefix. DFS admits the first and holds the second until the
-    first's prefix is in the radix cache: one processed forward later when the engine processes
-    each result before scheduling, two under SGLang's overlap scheduler (the second would else be
-    admitted while the first's forward runs and compute the prefix again)."""
-    shared = list(range(1000, 1400))
-    requests = [OfflineRequest(f"r{index}", shared + [index] * 30, 8, exact_output_len=True) for index in range(2)]
-    policy = make_policy("dfs", BUILTIN_MODELS["llama-3.1-8b"], HardwareSpec.resolve("h100-sxm"),
-                         batches_in_flight=batches_in_flight)
-    policy.set_kv_capacity(100_000)
-    policy.submit(requests)
-    first = policy.propose(100_000, 8)
-    assert [request.rid for request in first] == ["r0"]
-    policy.admitted(["r0"])
-    proposals = []
-    for _ in range(batches_in_flight):
-        policy.advance(1)
-        proposals.append([request.rid for request in policy.propose(100_000, 8)])
-    assert proposals == [[]] * (batches_in_flight - 1) + [["r1"]]
