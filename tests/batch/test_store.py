@@ -322,10 +322,15 @@ def test_a_claim_waits_for_a_fenced_write_and_the_fenced_runner_then_loses(reque
             taker = threading.Thread(target=lambda: claimed.extend(
                 store.claim_batches("runner-b", now=batch.lease_until + 1, lease_s=30)))
             taker.start()
-            with store.db.read() as observer:
-                waiting = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-                # PostgreSQL snapshots its activity view per transaction: each poll commits to look again.
-                wait_for(lambda: observer.execute(waiting).scalar() or observer.commit(), "the claim to wait on the lock")
+            waiting = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+
+            def lock_waits() -> int:
+                # PostgreSQL snapshots its activity view per transaction: each poll is a transaction
+                # of its own (committing inside `read()` closed it, and a second poll then failed).
+                with store.db.read() as observer:
+                    return observer.execute(waiting).scalar()
+
+            wait_for(lock_waits, "the claim to wait on the lock")
             connection.execute(update(batches).where(batches.c.id == batch.id).values(output_bytes=42))
         taker.join()
         assert [(row.owner, row.output_bytes) for row in claimed] == [("runner-b", 42)]
