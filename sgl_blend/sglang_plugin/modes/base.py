@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.kv_priority import ReuserIndex
+from sgl_blend.sglang_plugin.guard import guarded
+from sgl_blend.sglang_plugin.held_decodes import HeldDecodes
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
 
 
@@ -37,11 +39,16 @@ def add_within_chunk(adder: Any, chunk: int, add: Callable[[], Any]) -> Any:
     return result if result == sgl.AddReqResult.NO_TOKEN else adder.budget_state()
 
 
+HELD_FAILED = "sgl-blend could not give held decodes back to SGLang"
+
+
 class Mode:
-    """BlendServe (``--colocation off``): no co-location; every call leaves SGLang as it is."""
+    """BlendServe (``--colocation off``): no co-location; every call leaves SGLang as it is.
+    ``held``: the decodes a mode holds out of the running batch (None in a mode that holds none)."""
 
     def __init__(self, config: ColocationConfig) -> None:
         self.config = config
+        self.held: HeldDecodes | None = None
 
     @property
     def kv_priorities(self) -> bool:
@@ -81,10 +88,12 @@ class Mode:
     def holding(self) -> bool:
         """Whether decodes are held out of the running batch with their KV resident
         (`held_decodes`): SGLang must not count itself idle then."""
-        return False
+        return self.held is not None and self.held.any()
 
+    @guarded("held", HELD_FAILED)
     def abort_held(self, scheduler: Any, rid: str, abort_all: bool, finished_reason: Any) -> None:
         """SGLang's ``abort_request`` has run; held decodes it cannot see are the mode's to free."""
+        self.held.abort(scheduler, rid, abort_all, finished_reason)
 
     def snapshot(self) -> dict[str, Any]:
         """What ``/server_info`` shows of the mode, keyed as the plugin state's sections."""

@@ -52,12 +52,11 @@ from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.guard import guarded
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes, in_flight, resident_tokens
 from sgl_blend.sglang_plugin.kv_checkpoint import KVCheckpoint
-from sgl_blend.sglang_plugin.modes.base import Mode, add_within_chunk, free_kv_tokens
+from sgl_blend.sglang_plugin.modes.base import HELD_FAILED, Mode, add_within_chunk, free_kv_tokens
 from sgl_blend.sglang_plugin.slot_takeover import SlotTakeover
 
 logger = logging.getLogger(__name__)
 FAILED = "sgl-blend bros scheduling failed; falling back to SGLang's own scheduling"
-HELD_FAILED = "sgl-blend could not give held decodes back to SGLang"
 
 
 def best_effort(req: Any) -> bool:
@@ -125,7 +124,7 @@ class BrosMode(Mode):
     def __init__(self, config: ColocationConfig) -> None:
         super().__init__(config)
         self.state: BrosState | None = None
-        self.held: HeldDecodes | None = HeldDecodes()
+        self.held = HeldDecodes()
         self.checkpoint = KVCheckpoint()
         self.takeover = SlotTakeover(self.held, self.checkpoint, best_effort)
         self.scheduler: Any = None
@@ -292,13 +291,6 @@ class BrosMode(Mode):
             if req.finished():
                 state.metrics.finished(req.rid, now)
                 state.tokens.pop(req.rid, None)
-
-    def holding(self) -> bool:
-        return self.held is not None and self.held.any()
-
-    @guarded("held", HELD_FAILED)
-    def abort_held(self, scheduler: Any, rid: str, abort_all: bool, finished_reason: Any) -> None:
-        self.held.abort(scheduler, rid, abort_all, finished_reason)
 
     def reconfigure(self, changes: dict[str, Any]) -> ColocationConfig:
         """New deadlines or idle cap (``/set_internal_state``) take effect from the next plan."""

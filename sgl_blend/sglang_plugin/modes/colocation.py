@@ -32,7 +32,7 @@ from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin.guard import guarded
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes
-from sgl_blend.sglang_plugin.modes.base import Mode
+from sgl_blend.sglang_plugin.modes.base import HELD_FAILED, Mode
 from sgl_blend.sglang_plugin.modes.colocation_engine import (
     ColocationState, add_offline, add_online, hold_running, iteration_view, offline_newest_first, park_running,
     release_to_cache, remaining_output, resume_held, retract_held, select_offline,
@@ -40,13 +40,12 @@ from sgl_blend.sglang_plugin.modes.colocation_engine import (
 
 logger = logging.getLogger(__name__)
 FAILED = "sgl-blend co-location failed; falling back to SGLang's own scheduling"
-HELD_FAILED = "sgl-blend could not give held decodes back to SGLang"
 
 
 class ColocationMode(Mode):
     def __init__(self, config: ColocationConfig) -> None:
         super().__init__(config)
-        self.held: HeldDecodes | None = HeldDecodes()
+        self.held = HeldDecodes()
         self.state: ColocationState | None = ColocationState(config, self.held)
 
     @property
@@ -157,13 +156,6 @@ class ColocationMode(Mode):
             if not victims or len(batch.reqs) == 1:
                 break
             park_running(state, scheduler, batch, victims[:1], "memory_reclaimed", pin=False)
-
-    def holding(self) -> bool:
-        return self.held is not None and self.held.any()
-
-    @guarded("held", HELD_FAILED)
-    def abort_held(self, scheduler: Any, rid: str, abort_all: bool, finished_reason: Any) -> None:
-        self.held.abort(scheduler, rid, abort_all, finished_reason)
 
     @guarded("state", FAILED)
     def end_iteration(self) -> dict[str, Any] | None:
