@@ -47,6 +47,7 @@ from sgl_blend.core.latency_model import BatchShape
 AVERAGE_WEIGHT = 0.2
 # The shortest prefill chunk a BE prompt is given (the co-location planner's minimal offline chunk).
 MIN_CHUNK = DEFAULT_MIN_OFFLINE_CHUNK
+FIT_SLACK_S = 1e-12
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,9 @@ class BrosScheduler:
         low, high = 0, left
         while high - low > 1:
             request.chunk = (low + high) // 2
-            if batch.time_with(request) <= budget:
+            # A picosecond of slack: a chunk that fits exactly must not fall to the float sum's
+            # last bit, which differs with the BLAS the prediction's dot product runs on.
+            if batch.time_with(request) <= budget + FIT_SLACK_S:
                 low = request.chunk
             else:
                 high = request.chunk
