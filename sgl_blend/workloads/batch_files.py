@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from sgl_blend.workloads.sharegpt import first_exchange, iter_conversations
 
@@ -83,9 +83,12 @@ def _line(custom_id: str, prompt: str, max_tokens: int, chat: bool) -> dict:
             "body": body}
 
 
-def write_jsonl(path: Path, lines: list[dict]) -> Path:
+def write_jsonl(path: Path, lines: Iterable[dict]) -> Path:
+    """One JSON object a line, written as it goes: a document-QA file runs to hundreds of MB."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with path.open("w") as handle:
+        for line in lines:
+            handle.write(json.dumps(line) + "\n")
     return path
 
 
