@@ -15,7 +15,8 @@ HELP = __doc__.splitlines()[0]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="trace2",
-                        help="trace1..trace4 (Table 2), DENSITY:SHARING (e.g. 1.2:0.25), sharegpt, or a workload JSONL")
+                        help="trace1..trace4 (Table 2), DENSITY:SHARING (e.g. 1.2:0.25), sharegpt, a workload JSONL, "
+                             "or an OpenAI batch file (read as `sgl-blend estimate` reads it)")
     parser.add_argument("--n", type=int, default=40000, help="requests in a generated workload")
     parser.add_argument("--policy", default="blendserve",
                         help="comma-separated: " + describe(SIM))
@@ -44,12 +45,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, default=None, help="draw compute and memory time per step (Figure 10)")
 
 
-def load_workload(spec: str, n: int, cost, seed: int) -> tuple[list, dict]:
+def load_workload(spec: str, n: int, cost, seed: int, model: str) -> tuple[list, dict]:
+    """A file is a workload JSONL or an OpenAI batch file, the latter read as `sgl-blend estimate`
+    reads it (tokenised for ``model``'s served tokenizer); anything else names a generated workload."""
+    from sgl_blend.sim.batch_file import load_batch_file
     from sgl_blend.workloads import io, sharegpt
     from sgl_blend.workloads.mixer import named_workload
 
+    path = Path(spec)
+    if path.is_file():
+        if io.is_workload_file(path):
+            return io.load_jsonl(path)
+        batch = load_batch_file(path, model)
+        return batch.requests, {"batch_file": spec, "invalid_lines": batch.invalid,
+                                "lines_without_max_tokens": batch.unbounded}
     if spec.endswith(".jsonl"):
-        return io.load_jsonl(Path(spec))
+        raise ValueError(f"{spec} is not a file")
     meta = {"workload": spec, "n": n, "seed": seed}
     if spec == "sharegpt":
         return sharegpt.load(n, seed), meta
@@ -82,7 +93,14 @@ def run(args: argparse.Namespace) -> int:
     cost = CostModel(model, hardware)
     fitted = tuple(float(part) for part in args.fitted.split(",")) if args.fitted else None
     overlap = hardware_overlap(hardware, args.overlap, args.interference, fitted)
-    requests, meta = load_workload(args.workload, args.n, cost, args.seed)
+    try:
+        requests, meta = load_workload(args.workload, args.n, cost, args.seed, args.model)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not requests:
+        print(f"error: {args.workload} has no runnable line", file=sys.stderr)
+        return 1
     if args.save_workload:
         io.save_jsonl(requests, args.save_workload, meta)
     bound = workload_bound(requests, cost, overlap)
@@ -93,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
                         "sharing": round(bound.sharing, 4), "density": round(bound.density, 4),
                         "t_o": round(bound.t_o, 3), "t_o_ideal": round(bound.t_o_ideal, 3)},
               "policies": {}}
+    report.update({key: meta[key] for key in ("invalid_lines", "lines_without_max_tokens") if key in meta})
     results = {}
     for name in policies:
         with tqdm(total=len(requests), desc=name, unit="req", file=sys.stderr, disable=len(requests) < 5000) as bar:

@@ -25,6 +25,20 @@ def save_jsonl(requests: Iterable[SimRequest], path: Path, meta: dict[str, Any] 
     return path
 
 
+def is_workload_file(path: Path) -> bool:
+    """Whether ``path`` is a workload JSONL (`save_jsonl`'s header, or its request rows) rather
+    than an OpenAI batch file, told by its first non-blank line."""
+    with path.open() as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    return False
+                return isinstance(row, dict) and ("workload" in row or "prefix" in row)
+    return False
+
+
 def load_jsonl(path: Path) -> tuple[list[SimRequest], dict[str, Any]]:
     """The requests and the generation record."""
     chains: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
