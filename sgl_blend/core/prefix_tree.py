@@ -53,9 +53,6 @@ class Node:
             node = node.parent
         return length
 
-    def is_leaf(self) -> bool:
-        return not self.children
-
 
 def _common_prefix(a: array, a_start: int, b: array, b_start: int, limit: int) -> int:
     """Length of the common prefix of two array windows, by slice comparison and bisection."""

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from sgl_blend.core.cost_model import CostModel
 
 
@@ -43,9 +41,6 @@ class IterationCost:
         """Linear layers over ``tokens`` tokens: FLOP time or weight-read time, the larger;
         0 for an empty iteration (no kernel runs)."""
         return max(tokens * self.token_comp, self.weight_read) if tokens > 0 else 0.0
-
-    def linear_vector(self, tokens: np.ndarray) -> np.ndarray:
-        return np.where(tokens > 0, np.maximum(tokens * self.token_comp, self.weight_read), 0.0)
 
     def compute_side(self, tokens: float, attention_pairs: float) -> float:
         """Compute-side time: linear layers plus prefill attention."""

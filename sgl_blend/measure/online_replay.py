@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import httpx
 
@@ -58,13 +58,6 @@ def load_trace(path: Path) -> list[OnlineRequest]:
                 raise ValueError(f"{path}:{number}: not a trace line ({error!r}); expected "
                                  '{"t": seconds, "prompt": text, "max_tokens": n}') from None
     return sorted(requests, key=lambda request: request.t)
-
-
-def write_trace(path: Path, requests: Iterable[OnlineRequest]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"t": round(r.t, 4), "prompt": r.prompt, "max_tokens": r.max_tokens}) + "\n"
-                            for r in requests))
-    return path
 
 
 async def _stream_one(client: httpx.AsyncClient, request: OnlineRequest, timing: RequestTiming,

@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import pytest
 import torch
 
-from sgl_blend.core.bros.bidirectional_kv import ON_HOST, BidirectionalKV, TensorKVStore
+from sgl_blend.core.bros.bidirectional_kv import ON_HOST, BidirectionalKV
 
 S = 8
+
+
+class TensorKVStore:
+    """A `KVStore` over torch tensors of shape ``[slots, ...]`` (one per layer and K/V), the
+    stand-in for SGLang's KV pool."""
+
+    def __init__(self, buffers: Sequence[torch.Tensor]) -> None:
+        self.buffers = list(buffers)
+
+    def copy_out(self, slots: Sequence[int]) -> list[torch.Tensor]:
+        index = torch.as_tensor(list(slots), dtype=torch.long, device=self.buffers[0].device)
+        return [buffer.index_select(0, index).to("cpu") for buffer in self.buffers]
+
+    def copy_in(self, slots: Sequence[int], saved: list[torch.Tensor]) -> None:
+        index = torch.as_tensor(list(slots), dtype=torch.long, device=self.buffers[0].device)
+        for buffer, data in zip(self.buffers, saved):
+            buffer.index_copy_(0, index, data.to(buffer.device))
 
 
 def pool(blocks: int, bidirectional: bool = True) -> tuple[BidirectionalKV, list[torch.Tensor]]:

@@ -17,8 +17,8 @@ caller gives (BE first, then RT by most remaining time).
 ``bidirectional=False`` is the comparison the paper makes ("No Bi-cache"): a block has a single
 owner, and an RT request short of memory drops a whole BE request, which recomputes its KV.
 
-Slots are plain integers; a `KVStore` moves the bytes (torch tensors here, SGLang's KV pool in
-the server), so the allocator itself never touches KV data.
+Slots are plain integers; a `KVStore` moves the bytes (SGLang's KV pool in the server, plain
+tensors in the tests), so the allocator itself never touches KV data.
 """
 
 from __future__ import annotations
@@ -38,26 +38,6 @@ class KVStore(Protocol):
 
     def copy_in(self, slots: Sequence[int], saved: Any) -> None:
         """Write KV saved by `copy_out` into ``slots``."""
-
-
-class TensorKVStore:
-    """KV held in torch tensors of shape ``[slots, ...]`` (one per layer and K/V)."""
-
-    def __init__(self, buffers: Sequence[Any]) -> None:
-        self.buffers = list(buffers)
-
-    def copy_out(self, slots: Sequence[int]) -> list[Any]:
-        import torch
-
-        index = torch.as_tensor(list(slots), dtype=torch.long, device=self.buffers[0].device)
-        return [buffer.index_select(0, index).to("cpu") for buffer in self.buffers]
-
-    def copy_in(self, slots: Sequence[int], saved: list[Any]) -> None:
-        import torch
-
-        index = torch.as_tensor(list(slots), dtype=torch.long, device=self.buffers[0].device)
-        for buffer, data in zip(self.buffers, saved):
-            buffer.index_copy_(0, index, data.to(buffer.device))
 
 
 @dataclass
