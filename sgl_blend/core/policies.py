@@ -128,9 +128,10 @@ class PlannedPolicy(ABC):
         reuse = self._reuse.get(index, prompt - unshared)
         comp, mem = self.tree.cost(index)
         request = self._requests[index]
-        return Load(comp - self.sharing.prefix_saving(reuse), mem, prompt - reuse,
-                    self.estimator.estimate(index), self.footprint(index), prompt, unshared,
-                    request.max_new_tokens, request.exact_output_len)
+        return Load(comp=comp - self.sharing.prefix_saving(reuse), mem=mem, prefill=prompt - reuse,
+                    steps=self.estimator.estimate(index), commit=self.footprint(index), prompt=prompt,
+                    unshared_prompt=unshared, max_new_tokens=request.max_new_tokens,
+                    exact=request.exact_output_len)
 
     def _needs_plan(self) -> bool:
         if self._estimates_stale and not self.estimator.pending_samples():

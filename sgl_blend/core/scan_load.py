@@ -16,9 +16,10 @@ import numpy as np
 from sgl_blend.core.cost_model import reserve_at
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Load:
-    """What one request asks of the engine over its life, as the scanner budgets it."""
+    """What one request asks of the engine over its life, as the scanner budgets it. Built by
+    keyword: most fields are token counts or seconds, which a positional call would swap silently."""
 
     comp: float
     """Compute seconds, less what reusing the previous request's prefix saves."""
@@ -32,15 +33,13 @@ class Load:
     """KV tokens the engine's admission counts against it, averaged over its life."""
     prompt: int = 0
     """Prompt tokens its decode steps read."""
-    held_prompt: int = 0
-    """Prompt tokens it holds on its own (shared prefixes are the cache's)."""
+    unshared_prompt: int = 0
+    """Prompt tokens no other request shares: the only part of its prompt its KV counts (a shared
+    prefix is the radix cache's, there once whoever uses it)."""
     max_new_tokens: int = 0
+    """Its output bound, which fixes the decode room SGLang reserves for it (`reserve_at`)."""
     exact: bool = False
-
-    def commitment_at(self, decoded: int) -> float:
-        """KV tokens the engine counts against it after ``decoded`` tokens: what it holds plus
-        the decode room held back for it."""
-        return float(self.held_prompt + decoded + reserve_at(decoded, self.max_new_tokens, self.exact))
+    """Whether it decodes exactly ``max_new_tokens`` (``ignore_eos``)."""
 
     def left_after(self, decoded: int) -> tuple[float, float, float]:
         """(compute, memory, KV-token-iterations) it still needs after ``decoded`` tokens."""
@@ -79,7 +78,7 @@ def peak_commitment(tracks: Sequence[tuple[Load, int]]) -> float:
     finishes, so it peaks just before some request finishes (or now)."""
     if not tracks:
         return 0.0
-    held = np.array([load.held_prompt for load, _decoded in tracks], dtype=float)
+    unshared = np.array([load.unshared_prompt for load, _decoded in tracks], dtype=float)
     decoded = np.array([decoded for _load, decoded in tracks], dtype=float)
     ends = np.maximum(np.array([load.steps for load, _decoded in tracks], dtype=float) - decoded, 0.0)
     max_new = np.array([load.max_new_tokens for load, _decoded in tracks], dtype=float)
@@ -87,4 +86,4 @@ def peak_commitment(tracks: Sequence[tuple[Load, int]]) -> float:
     offsets = np.unique(np.concatenate([[0.0], np.maximum(ends - 1.0, 0.0)]))[:, None]
     at = decoded + offsets
     alive = (offsets < ends) | (offsets == 0)
-    return float(np.max(np.sum((held + at + reserve_at(at, max_new, exact)) * alive, axis=1)))
+    return float(np.max(np.sum((unshared + at + reserve_at(at, max_new, exact)) * alive, axis=1)))

@@ -8,14 +8,21 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sgl_blend.core.cost_model import memory_partition
+from sgl_blend.core.cost_model import memory_partition, reserve_at
 from sgl_blend.core.dual_scan import COMPUTE, MEMORY, PLANNED_UTILISATION, DualScanner
 from sgl_blend.core.scan_load import Load
 
 
 def load(comp: float, mem: float, *, steps: int = 10, commit: float = 10.0, prefill: int = 10,
          prompt: int = 10) -> Load:
-    return Load(comp, mem, prefill, steps, commit, prompt, prompt, steps, True)
+    return Load(comp=comp, mem=mem, prefill=prefill, steps=steps, commit=commit, prompt=prompt,
+                unshared_prompt=prompt, max_new_tokens=steps, exact=True)
+
+
+def commitment_at(load: Load, decoded: int) -> float:
+    """KV tokens SGLang's admission counts against a request after ``decoded`` tokens: its
+    unshared prompt, its output so far, and the decode room it reserves."""
+    return float(load.unshared_prompt + decoded + reserve_at(decoded, load.max_new_tokens, load.exact))
 
 
 def scanner_for(loads: dict[int, Load], boundary: int, capacity: float, paced: bool = False) -> DualScanner:
@@ -39,7 +46,7 @@ class TinyEngine:
     peak_memory_side: float = 0.0
 
     def committed(self, side: str | None = None) -> float:
-        return sum(self.loads[request].commitment_at(decoded) for request, decoded in self.running.items()
+        return sum(commitment_at(self.loads[request], decoded) for request, decoded in self.running.items()
                    if side is None or self.scanner.side(request) == side)
 
     def step(self) -> None:
