@@ -20,7 +20,7 @@ What makes that hold in a running engine rather than only on paper:
   planned average and free together, and the batch would swing between compute-only and
   memory-only.
 - Shares are counted in what the engine's admission counts (`Load.commit`), which for a long
-  ``ignore_eos`` output includes the decode room SGLang holds back for it. A memory-side
+  ``ignore_eos`` output includes the decode room SGLang reserves for it. A memory-side
   request is admitted only if the side's requests, growing as they decode, never need more than
   the side's share (`peak_commitment`): its share holds on average, and without that check the
   oldest, longest requests could outgrow it and take the room the compute side was promised.
@@ -31,8 +31,8 @@ compute side is moved to the memory side's account.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Hashable
 
 from sgl_blend.core.cost_model import memory_partition
 from sgl_blend.core.scan_load import Load, LoadTotals, peak_commitment
@@ -47,33 +47,65 @@ COMPUTE = "compute"
 MEMORY = "memory"
 SIDES = (COMPUTE, MEMORY)
 # Credit a side may bank while it cannot admit (its share is full, or the engine's memory is):
-# at least this many iterations' worth, or one lifetime of its mean request, so a side held back
-# by its requests' growth makes the admissions up later and keeps pace with the other side.
+# at least this many iterations' worth, or one lifetime of its mean request, so a side kept from
+# admitting by its requests' growth makes the admissions up later and keeps pace with the other side.
 BANKED_ITERATIONS = 256
 # Making up is spread out: a side spends credit at most this many times as fast as it earns it,
-# so requests held back never start together and then grow and finish in lockstep.
+# so requests that had to wait never start together and then grow and finish in lockstep.
 CATCH_UP = 2.0
 # How often (in iterations) what running requests have left is re-estimated for the partition.
 REFRESH_ITERATIONS = 32
 # The part of KV memory the partition plans to fill. Shares are met on average; the rest absorbs
 # what the averages miss -- a side's requests growing older together, shared prefixes in the
 # cache, the full decode room a new request reserves on admission -- so that the memory side's
-# growth check (which may use all of it) seldom has to hold admissions back.
+# growth check (which may use all of it) seldom has to defer admissions.
 PLANNED_UTILISATION = 0.9
 
 
-@dataclass(slots=True)
-class _Running:
-    side: str
-    held: float
-    load: Load
-    started: int
+@dataclass(eq=False, slots=True)
+class ScanEntry:
+    """One request as a scanner tracks it: where its plan put it, and, while it runs, the side it
+    counts against and what it is charged there.
+
+    Its place in the plan and its running state are separate fields: a request admitted under one
+    plan runs on under the next (`DualScanner.carry_over`) with no place in that plan's order, and
+    a requeued one goes to its side's retry queue, not back into the order."""
+
+    region: str | None = None
+    """The side of this scanner's order it lies on; None if it is not in the order."""
+    planned: Load | None = None
+    """Its load as this plan priced it (None: not in the order; priced when asked)."""
+    taken: bool = False
+    """It has left the order: admitted or withdrawn."""
+    side: str | None = None
+    """The side it counts against while it runs; None while it does not."""
+    charged: float = 0.0
+    """KV tokens charged against that side's share."""
+    load: Load | None = None
+    """Its load when admitted: what its side budgets for it while it runs."""
+    started: int = 0
+    """The scanner's clock when it was admitted."""
     decoded: int = 0
-    left: tuple[float, float, float] = field(default=(0.0, 0.0, 0.0))
+    """Tokens decoded, as last reported."""
+    left: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """(compute, memory, KV-token-iterations) it had left at the last refresh."""
+
+    def start(self, side: str, load: Load, clock: int) -> None:
+        """Admitted now, to ``side``: charged what its load commits."""
+        self.side, self.charged, self.load = side, load.commit, load
+        self.started, self.decoded, self.left = clock, 0, load.left_after(0)
+
+    def run_on(self, earlier: ScanEntry) -> None:
+        """Run on as ``earlier`` (the same request under an earlier plan's scanner) was running."""
+        self.side, self.charged, self.load = earlier.side, earlier.charged, earlier.load
+        self.started, self.decoded, self.left = earlier.started, earlier.decoded, earlier.left
 
 
 class DualScanner:
     """Scans one plan. Loads come from a callback so estimates can change between plans.
+
+    Requests are the plan's keys (any hashable); the scanner keeps one `ScanEntry` per request it
+    has seen, and the requests running, each side's retry queue and the order refer to those.
 
     ``beyond`` counts, per side, the requests of a plan made outside the engine that are still to
     come: the scheduler holds only a window of that plan, and a partition of the work in the
@@ -86,7 +118,7 @@ class DualScanner:
     policies use the scanner.
     """
 
-    def __init__(self, order: list[int], boundary: int, capacity: float, load: Callable[[int], Load],
+    def __init__(self, order: list[Hashable], boundary: int, capacity: float, load: Callable[[Hashable], Load],
                  *, paced: bool = False, beyond: dict[str, int] | None = None) -> None:
         self.order = order
         self.boundary = boundary
@@ -100,10 +132,10 @@ class DualScanner:
         self._peak_cache: tuple[object, float] = (None, 0.0)
         self._left = 0
         self._right = len(order) - 1
-        self._done: set[int] = set()
         self._taken = 0
-        self._retry: dict[str, list[int]] = {COMPUTE: [], MEMORY: []}
-        self._running: dict[int, _Running] = {}
+        self._entries: dict[Hashable, ScanEntry] = {}
+        self._retry: dict[str, list[Hashable]] = {COMPUTE: [], MEMORY: []}
+        self._running: dict[Hashable, ScanEntry] = {}
         self.used = {COMPUTE: 0.0, MEMORY: 0.0}
         self.credit = {COMPUTE: 0.0, MEMORY: 0.0}
         self._next_spend = {COMPUTE: 0.0, MEMORY: 0.0}
@@ -111,32 +143,36 @@ class DualScanner:
         self._refreshed = 0
         self._left_running = {COMPUTE: [0.0, 0.0, 0.0], MEMORY: [0.0, 0.0, 0.0]}
         self._remaining = {COMPUTE: LoadTotals(), MEMORY: LoadTotals()}
-        self._region: dict[int, str] = {}
-        self._loads: dict[int, Load] = {}
         for index, request in enumerate(order):
             side = COMPUTE if index < boundary else MEMORY
-            self._region[request] = side
-            self._loads[request] = load(request)
-            self._remaining[side].add(self._loads[request])
+            entry = self._entries[request] = ScanEntry(region=side, planned=load(request))
+            self._remaining[side].add(entry.planned)
         if paced:
             self.credit = dict(self._earning())
 
-    def side(self, request: int) -> str | None:
+    def _entry(self, request: Hashable) -> ScanEntry:
+        entry = self._entries.get(request)
+        if entry is None:
+            entry = self._entries[request] = ScanEntry()
+        return entry
+
+    def side(self, request: Hashable) -> str | None:
         """The side a running request counts against, or None if it is not running."""
         run = self._running.get(request)
         return run.side if run is not None else None
 
-    def held(self, request: int) -> float:
+    def charged(self, request: Hashable) -> float:
         """KV tokens a running request is charged against its side's share."""
-        return self._running[request].held
+        return self._running[request].charged
 
     def carry_over(self, previous: DualScanner) -> None:
         """Take over what an earlier plan's scanner has running, its clock and its credit."""
         self._changed()
         self.clock = self._refreshed = previous.clock
-        for request, run in previous._running.items():
-            self._running[request] = run
-            self.used[run.side] += run.held
+        for request, earlier in previous._running.items():
+            run = self._running[request] = self._entry(request)
+            run.run_on(earlier)
+            self.used[run.side] += run.charged
             self._add_left(run, +1)
         if self.paced and previous.paced:
             self.credit = dict(previous.credit)
@@ -227,11 +263,11 @@ class DualScanner:
             earning[side] = rates[side] * amount / totals.count if totals.count else 0.0
         return earning
 
-    def _load_of(self, request: int) -> Load:
-        load = self._loads.get(request)
-        return load if load is not None else self._load(request)
+    def _load_of(self, request: Hashable) -> Load:
+        entry = self._entries.get(request)
+        return entry.planned if entry is not None and entry.planned is not None else self._load(request)
 
-    def _price(self, side: str, request: int) -> float:
+    def _price(self, side: str, request: Hashable) -> float:
         load = self._load_of(request)
         return load.comp if side == COMPUTE else load.mem
 
@@ -251,13 +287,13 @@ class DualScanner:
 
     # -- running requests ------------------------------------------------------------------------
 
-    def _decoded(self, run: _Running) -> int:
+    def _decoded(self, run: ScanEntry) -> int:
         """Tokens a running request has decoded: its last report, or, if the clock says more,
         one per iteration since admission (never less than it really has, so the growth check
         errs on the safe side)."""
         return max(run.decoded, min(self.clock - run.started, max(run.load.steps, run.decoded)))
 
-    def _add_left(self, run: _Running, sign: int) -> None:
+    def _add_left(self, run: ScanEntry, sign: int) -> None:
         totals = self._left_running[run.side]
         for position, amount in enumerate(run.left):
             totals[position] += sign * amount
@@ -270,7 +306,7 @@ class DualScanner:
             run.left = run.load.left_after(self._decoded(run))
             self._add_left(run, +1)
 
-    def progress(self, request: int, decoded: int) -> None:
+    def progress(self, request: Hashable, decoded: int) -> None:
         run = self._running.get(request)
         if run is not None and decoded > run.decoded:
             run.decoded = decoded
@@ -292,8 +328,8 @@ class DualScanner:
     def _has_pending(self, side: str) -> bool:
         return bool(self._retry[side]) or self._peek(side, set()) is not None
 
-    def _peek(self, side: str, skip: set[int]) -> int | None:
-        """Next request of a side from its cursor, skipping done and tentatively chosen ones."""
+    def _peek(self, side: str, skip: set[Hashable]) -> Hashable | None:
+        """Next request of a side from its cursor, skipping taken and tentatively chosen ones."""
         for request in self._retry[side]:
             if request not in skip:
                 return request
@@ -301,31 +337,31 @@ class DualScanner:
             index = self._left
             while index < self.boundary and index <= self._right:
                 request = self.order[index]
-                if request not in self._done and request not in skip:
+                if not self._entries[request].taken and request not in skip:
                     return request
                 index += 1
         else:
             index = self._right
             while index >= self.boundary and index >= self._left:
                 request = self.order[index]
-                if request not in self._done and request not in skip:
+                if not self._entries[request].taken and request not in skip:
                     return request
                 index -= 1
         return None
 
     def _advance_cursors(self) -> None:
-        while self._left < len(self.order) and self.order[self._left] in self._done:
+        while self._left < len(self.order) and self._entries[self.order[self._left]].taken:
             self._left += 1
-        while self._right >= 0 and self.order[self._right] in self._done:
+        while self._right >= 0 and self._entries[self.order[self._right]].taken:
             self._right -= 1
 
-    def _spend_after(self, side: str, start: float, request: int, earning: float) -> float:
+    def _spend_after(self, side: str, start: float, request: Hashable, earning: float) -> float:
         """When a side may spend again after spending on ``request`` from ``start``: its price
         takes ``price / (CATCH_UP * earning)`` iterations to pay at the catch-up rate."""
         return max(start, self.clock) + self._price(side, request) / (CATCH_UP * earning) if earning > 0 else float("inf")
 
-    def _fits(self, side: str, request: int, used: float, budgets: dict[str, float]) -> bool:
-        """Within the side's share. A paced side is held to its share on average by its pacing,
+    def _fits(self, side: str, request: Hashable, used: float, budgets: dict[str, float]) -> bool:
+        """Within the side's share. A paced side is kept to its share on average by its pacing,
         so the hard limits only guard what pacing cannot: the memory side's requests may grow
         into all the memory the compute side's share does not need, never into that share; the
         compute side's requests live a few dozen iterations, so a share of a few dozen requests
@@ -341,7 +377,7 @@ class DualScanner:
     def _running_on(self, side: str) -> bool:
         return any(run.side == side for run in self._running.values())
 
-    def propose(self, free: float, limit: int) -> list[tuple[int, str]]:
+    def propose(self, free: float, limit: int) -> list[tuple[Hashable, str]]:
         """Requests to admit now and the side each counts against, alternating toward the side
         with the most unused share, until both sides are out of share, credit or ``free``."""
         budgets = self.budgets()
@@ -349,8 +385,8 @@ class DualScanner:
         next_spend = dict(self._next_spend)
         used = dict(self.used)
         credit = dict(self.credit)
-        chosen: list[tuple[int, str]] = []
-        skip: set[int] = set()
+        chosen: list[tuple[Hashable, str]] = []
+        skip: set[Hashable] = set()
         blocked: set[str] = set()
         while len(chosen) < limit and len(blocked) < 2:
             open_sides = [side for side in SIDES if side not in blocked]
@@ -375,54 +411,58 @@ class DualScanner:
             free -= size
         return chosen
 
-    def _commit(self, request: int) -> float:
+    def _commit(self, request: Hashable) -> float:
         return self._load_of(request).commit
 
-    def admit(self, request: int, side: str) -> None:
+    def admit(self, request: Hashable, side: str) -> None:
         self._changed()
         load = self._load_of(request)
         if request in self._retry[side]:
             self._retry[side].remove(request)
             self._remaining[side].add(load, -1)
-        run = _Running(side, load.commit, load, self.clock)
-        run.left = load.left_after(0)
-        self._running[request] = run
-        self.used[side] += run.held
+        run = self._running[request] = self._entry(request)
+        run.start(side, load, self.clock)
+        self.used[side] += run.charged
         self._add_left(run, +1)
         if self.paced:
             self.credit[side] -= self._price(side, request)
             self._next_spend[side] = self._spend_after(side, self._next_spend[side], request, self._earning()[side])
         self._take(request)
 
-    def _take(self, request: int) -> None:
+    def _take(self, request: Hashable) -> None:
         """Mark a request of this plan's order as no longer pending (requests admitted under an
         earlier plan and requeued here are not in the order and need no bookkeeping)."""
-        if request in self._done or request not in self._region:
+        entry = self._entries.get(request)
+        if entry is None or entry.region is None or entry.taken:
             return
         self._changed()
-        self._done.add(request)
+        entry.taken = True
         self._taken += 1
-        self._remaining[self._region[request]].add(self._loads[request], -1)
+        self._remaining[entry.region].add(entry.planned, -1)
         self._advance_cursors()
 
-    def release(self, request: int) -> None:
+    def release(self, request: Hashable) -> None:
         """A running request finished: its memory goes back to its side."""
         run = self._running.pop(request, None)
         if run is not None:
             self._changed()
-            self.used[run.side] -= run.held
+            self.used[run.side] -= run.charged
             self._add_left(run, -1)
+            run.side = None
+            if run.region is None:
+                del self._entries[request]
 
-    def requeue(self, request: int) -> None:
+    def requeue(self, request: Hashable) -> None:
         """A running request was preempted: free its share and offer it again first."""
-        run = self._running.get(request)
-        side = run.side if run is not None else self._region.get(request, MEMORY)
+        entry = self._entries.get(request)
+        # back to the side it ran on; one not running goes to the side its plan gave it
+        side = (entry and (entry.side or entry.region)) or MEMORY
         self.release(request)
         self._changed()
         self._retry[side].append(request)
         self._remaining[side].add(self._load_of(request))
 
-    def withdraw(self, request: int) -> None:
+    def withdraw(self, request: Hashable) -> None:
         self._changed()
         for side, queue in self._retry.items():
             if request in queue:
@@ -431,17 +471,17 @@ class DualScanner:
         self.release(request)
         self._take(request)
 
-    def move_to_memory_side(self, request: int, new_footprint: float) -> None:
-        """Runtime adaptation: an under-estimated request now holds more KV than planned and
+    def move_to_memory_side(self, request: Hashable, new_footprint: float) -> None:
+        """Runtime adaptation: an under-estimated request now takes more KV than planned and
         behaves like memory-side work, so it is accounted there."""
         run = self._running.get(request)
         if run is None:
             return
         self._changed()
-        self.used[run.side] -= run.held
+        self.used[run.side] -= run.charged
         self._add_left(run, -1)
         run.side = MEMORY
-        run.held = new_footprint
+        run.charged = new_footprint
         self.used[MEMORY] += new_footprint
         self._add_left(run, +1)
 

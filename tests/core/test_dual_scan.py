@@ -95,8 +95,8 @@ def test_blended_density_tracks_the_root_while_both_sides_hold_requests() -> Non
             running.append(request)
         sides = {scanner.side(request) for request in running}
         if sides == {COMPUTE, MEMORY}:
-            weighted = sum(scanner.held(r) * loads[r].comp / loads[r].mem for r in running)
-            assert weighted / sum(scanner.held(r) for r in running) == pytest.approx(root, rel=0.10)
+            weighted = sum(scanner.charged(r) * loads[r].comp / loads[r].mem for r in running)
+            assert weighted / sum(scanner.charged(r) for r in running) == pytest.approx(root, rel=0.10)
             checked += 1
         for request in running[:20]:
             scanner.release(request)
