@@ -32,12 +32,16 @@ class StepTime:
     def of(cls, cost: CostModel, overlap: OverlapFunction) -> StepTime:
         return cls(IterationCost.of(cost), overlap)
 
+    def sides(self, shape: BatchShape) -> tuple[float, float]:
+        """``shape``'s compute side and memory side, before the overlap combines them."""
+        comp = self.cost.compute_side(shape.prefill_tokens + shape.decode_reqs, shape.causal_pairs)
+        return comp, self.cost.memory_side(shape.decode_context)
+
     def seconds(self, shape: BatchShape) -> float:
         """Noise-free time of ``shape``; 0 for an empty batch."""
         if shape.is_empty():
             return 0.0
-        comp = self.cost.compute_side(shape.prefill_tokens + shape.decode_reqs, shape.causal_pairs)
-        return self.overlap(comp, self.cost.memory_side(shape.decode_context))
+        return self.overlap(*self.sides(shape))
 
 
 class NoisyClock:

@@ -272,7 +272,7 @@ class _Run:
                 prefilled.append(self.prefill_queue.pop(0))
         comp = engine.step.compute_side(tokens, pairs)
         mem = engine.step.memory_side(float((self.prompt[decoding] + self.decoded[decoding]).sum()))
-        self._account(1, comp, mem, [overlap(comp, mem) for overlap in engine.overlaps])
+        self._account(1, comp, mem, [overlap(comp, mem) for overlap in engine.overlaps], n_decode, tokens - n_decode)
         self._advance(decoding, 1)
         self._first_tokens(np.array(prefilled, dtype=np.int64))
 
@@ -294,18 +294,19 @@ class _Run:
         comp = np.full(steps, engine.step.compute_side(n, 0.0))
         mem = engine.step.memory_side(context + n * np.arange(steps))
         self._account(steps, float(comp.sum()), float(mem.sum()),
-                      [float(overlap.vector(comp, mem).sum()) for overlap in engine.overlaps])
+                      [float(overlap.vector(comp, mem).sum()) for overlap in engine.overlaps], n, 0)
         self._advance(decoding, steps)
 
-    def _account(self, steps: int, comp: float, mem: float, seconds: list[float]) -> None:
-        """Book ``steps`` iterations; ``seconds`` holds their time under each of the engine's overlaps."""
+    def _account(self, steps: int, comp: float, mem: float, seconds: list[float], decodes: int, prefill: int) -> None:
+        """Book ``steps`` iterations of ``decodes`` decoding requests and ``prefill`` prompt tokens
+        in all; ``seconds`` holds their time under each of the engine's overlaps."""
         self.clock += seconds[0]
         for index, value in enumerate(seconds):
             self.clocks[index] += value
         self.comp_total += comp
         self.mem_total += mem
         self.iterations += steps
-        self.trace.add(steps, comp, mem)
+        self.trace.add(steps, comp, mem, seconds[0], decodes, prefill)
         self.ratio = max(MIN_NEW_TOKEN_RATIO, self.ratio - self.engine._ratio_decay * steps)
         self.cache.advance(steps)
         self.policy.advance(steps)

@@ -20,17 +20,27 @@ from sgl_blend.sim.workload import SimRequest
 
 @dataclass
 class StepTrace:
-    """Per-iteration compute and memory time; a closed-form decode stretch is one record with
-    its step count, so 400K-request runs stay a few MB."""
+    """Per-iteration compute and memory time, the time the iteration took, and what it ran (its
+    decoding requests and prefill tokens), so a job's time can be accounted iteration by
+    iteration (`bench.job_accounting`); a closed-form decode stretch is one record with its step
+    count and its totals, so 400K-request runs stay a few MB."""
 
     steps: array = field(default_factory=lambda: array("l"))
     comp: array = field(default_factory=lambda: array("d"))
     mem: array = field(default_factory=lambda: array("d"))
+    seconds: array = field(default_factory=lambda: array("d"))
+    decodes: array = field(default_factory=lambda: array("l"))
+    prefill: array = field(default_factory=lambda: array("l"))
 
-    def add(self, steps: int, comp: float, mem: float) -> None:
+    def add(self, steps: int, comp: float, mem: float, seconds: float, decodes: int, prefill: int) -> None:
+        """``decodes``: requests decoding in each of the ``steps``; ``prefill``: prompt tokens
+        computed over all of them."""
         self.steps.append(steps)
         self.comp.append(comp)
         self.mem.append(mem)
+        self.seconds.append(seconds)
+        self.decodes.append(decodes)
+        self.prefill.append(prefill)
 
 
 @dataclass
