@@ -37,7 +37,9 @@ class BatchApiConfig:
     long a worker may stay unreachable before its unfinished lines move to the others.
     ``api_keys``: the Batch API's own user keys (beside SGLang's ``--api-key``); ``cors_origins``:
     the web origins browsers may call the Batch API from; ``max_n`` and ``max_tokens``: the caps
-    on what one line may ask for (`batch_lines.bodies`)."""
+    on what one line may ask for (`batch_lines.bodies`). ``named``: files stored outside
+    ``data_dir`` (file id -> path): a `sgl-blend run-batch` job's input, output and error files,
+    which are the user's own."""
 
     data_dir: Path = field(default_factory=default_data_dir)
     store_url: str = ""
@@ -51,10 +53,12 @@ class BatchApiConfig:
     cors_origins: tuple[str, ...] = ()
     max_n: int = DEFAULT_MAX_N
     max_tokens: int = DEFAULT_MAX_TOKENS
+    named: dict[str, Path] = field(default_factory=dict)
 
     def to_env(self) -> dict[str, str]:
         values = asdict(self)
         values["data_dir"] = str(Path(self.data_dir).resolve())
+        values["named"] = {file_id: str(Path(path).resolve()) for file_id, path in self.named.items()}
         return {CONFIG_ENV: json.dumps(values)}
 
     @classmethod
@@ -65,6 +69,7 @@ class BatchApiConfig:
             return None
         values = json.loads(text)
         values["data_dir"] = Path(values["data_dir"])
+        values["named"] = {file_id: Path(path) for file_id, path in values.get("named", {}).items()}
         for name in ("workers", "api_keys", "cors_origins"):
             values[name] = tuple(values.get(name, ()))
         return cls(**values)

@@ -94,13 +94,17 @@ class Database:
             self._lock_descriptor = None
 
 
-def open_database(store_url: str, data_dir: Path) -> Database:
-    """``store_url``: empty for SQLite in ``data_dir``, or a ``postgresql://`` URL."""
+def open_database(store_url: str, data_dir: Path, *, lock: bool = True) -> Database:
+    """``store_url``: empty for SQLite in ``data_dir``, or a ``postgresql://`` URL. ``lock=False``
+    opens a SQLite store beside the server that holds its data directory (`sgl-blend run-batch`
+    following its job's progress), which must only read it."""
     if store_url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
         return Database(_postgres_engine(store_url))
     if store_url:
         raise ValueError(f"--batch-store takes a postgresql:// URL (or nothing for SQLite), not {store_url!r}")
     data_dir.mkdir(parents=True, exist_ok=True)
+    if not lock:
+        return Database(_sqlite_engine(data_dir / SQLITE_FILE))
     lock_descriptor = _lock_data_dir(data_dir)
     try:
         return Database(_sqlite_engine(data_dir / SQLITE_FILE), lock_descriptor)

@@ -14,9 +14,9 @@ import secrets
 from collections import Counter
 from typing import Callable
 
-from sgl_blend.batch_lines.sender import WorkerUnreachable
+from sgl_blend.batch_lines.outcome import WorkerUnreachable
 from sgl_blend.core.dual_scan import WINDOW_MULTIPLE
-from sgl_blend.offline import offline_headers
+from sgl_blend.offline import offline_routing_key
 from sgl_blend.server.active import ActiveBatch, ActiveBatches
 from sgl_blend.server.assignment import Slot
 from sgl_blend.server.feed import Feed, LineKey
@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 ABORT_ROUNDS, ABORT_ROUND_S = 30, 1.0
 # A window for a server that does not say what it holds.
 FALLBACK_WINDOW = 256
+# The most lines one fill starts: each line's first step (its request read, handed to the
+# engine) runs in the loop step after, so a window of thousands opened at once would hold the
+# event loop -- and every API request and online request on it -- for as long as all of them take.
+FILL_SLICE = 128
 
 
 class Dispatcher:
@@ -48,15 +52,20 @@ class Dispatcher:
         return min(window, self.max_inflight) if self.max_inflight else window
 
     def fill(self) -> bool:
-        """Start lines until every ready slot's window is full or its queue is empty; whether some
-        slot had room and nothing to send (the plan should feed it sooner). Lines of a batch whose
-        results cannot be written now (a full disk) keep their place and wait."""
+        """Start lines until every ready slot's window is full or its queue is empty, at most
+        `FILL_SLICE` of them (the runner is woken to start more); whether some slot had room and
+        nothing to send (the plan should feed it sooner). Lines of a batch whose results cannot
+        be written now (a full disk) keep their place and wait."""
         starving = False
+        started = 0
         for worker in self.pool.ready():
             window = self.window(worker)
             for slot in worker.slots():
                 waiting: list[LineKey] = []
                 while self._inflight[slot] < window:
+                    if started >= FILL_SLICE:
+                        self.wake()
+                        break
                     key = self.feed.pop(slot)
                     if key is None:
                         starving = True
@@ -64,15 +73,16 @@ class Dispatcher:
                     if self.writer.paused(key[0]):
                         waiting.append(key)
                     else:
-                        self._start(key, worker, slot)
+                        started += self._start(key, worker, slot)
                 self.feed.push_front(waiting, dict.fromkeys(waiting, slot))
         return starving
 
-    def _start(self, key: LineKey, worker: Worker, slot: Slot) -> None:
+    def _start(self, key: LineKey, worker: Worker, slot: Slot) -> bool:
+        """Whether the line started (one whose batch stopped meanwhile leaves the feed)."""
         batch = self.batches.get(key[0])
         placement = self.feed.take_placement(key)
         if batch is None or not batch.dispatching or key[1] not in batch.lines:
-            return
+            return False
         line = batch.lines[key[1]]
         self._inflight[slot] += 1
         worker.inflight += 1
@@ -87,14 +97,15 @@ class Dispatcher:
             self.wake()
 
         task.add_done_callback(done)
+        return True
 
     async def _run_line(self, batch: ActiveBatch, worker: Worker, slot: Slot, line: LineRow, placement) -> None:
         key = (batch.id, line.line_number)
-        request = batch.prepared.request(line.byte_offset, line.byte_length)
+        prepared = batch.prepared.line(line.byte_offset, line.byte_length)
         rid = f"{batch.id}-{line.line_number}-{secrets.token_hex(4)}"
         batch.requests[line.line_number] = (worker.url, rid)
         try:
-            outcome = await self.pool.send(worker, line.custom_id, request, offline_headers(batch.id, placement),
+            outcome = await self.pool.send(worker, line.custom_id, prepared, offline_routing_key(batch.id, placement),
                                            rid, slot.dp_rank)
         except WorkerUnreachable:
             # never ran: first in line again, on its slot while the worker lives (else it moves)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from sgl_blend.batch_lines.plan import LinePlanner, RankSpace
-from sgl_blend.batch_lines.sender import LineOutcome
+from sgl_blend.batch_lines.outcome import LineOutcome
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.core.output_length import DEFAULT_FALLBACK, DEFAULT_SAMPLE_RATE
 from sgl_blend.core.placement import SAMPLE, Placement

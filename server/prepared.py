@@ -1,11 +1,12 @@
-"""A batch's lines as the executor sends and plans them, written once, when the batch is validated.
+"""A batch's lines as the executor runs and plans them, written once, when the batch is validated.
 
-Validation parses each line once and, when the runner plans or places lines by their prompts,
-tokenises it once. What that produces is kept in the batch's own folder beside the store, so
-nothing downstream reads, parses or tokenises the input again: not the plan, not the DP
-assignment, not the sender, not a batch that joins later, not a restarted runner.
+Validation parses each line once and converts it once (in this server's process, with SGLang's own
+handler, which tokenises it), or, in a runner with no engine of its own, tokenises it once when the
+runner plans or places lines by their prompts. What that produces is kept in the batch's own folder
+beside the store, so nothing downstream reads, parses or tokenises the input again: not the plan,
+not the DP assignment, not the engine, not a batch that joins later, not a restarted runner.
 
-- ``requests.bin``: every runnable line's `PreparedRequest`, one record after another; the line's
+- ``requests.bin``: every runnable line's `PreparedLine`, one record after another; the line's
   row in the store holds the record's offset and length.
 - ``prompts.bin`` and ``prompts.idx``: every tokenised line's prompt token ids (int32, 4 bytes a
   token) and one index row per line (line number, first token, token count, output bound,
@@ -22,18 +23,44 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
+import struct
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
 import numpy as np
 
 from sgl_blend.core.dp_shares import WorkItem
-from sgl_blend.batch_lines.lines import PreparedRequest
 from sgl_blend.server.blobs import sync_dir, sync_file
 
 REQUESTS, PROMPTS, PROMPT_INDEX = "requests.bin", "prompts.bin", "prompts.idx"
 _INDEX_FIELDS = 5  # line number, first token, token count, output bound, exact
+_HEADER = struct.Struct("<HII")  # lengths of the url, the body and the conversion
+
+
+@dataclass(frozen=True)
+class PreparedLine:
+    """A line as the runner runs it: its route, its body's JSON bytes (what a remote worker is
+    sent) and this server's conversion of it (`server.in_process`; empty in a runner with no
+    engine of its own)."""
+
+    url: str
+    body: bytes
+    conversion: bytes = b""
+
+    def to_bytes(self) -> bytes:
+        url = self.url.encode()
+        return _HEADER.pack(len(url), len(self.body), len(self.conversion)) + url + self.body + self.conversion
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PreparedLine:
+        url_length, body_length, conversion_length = _HEADER.unpack_from(data)
+        start = _HEADER.size
+        body_start = start + url_length
+        conversion_start = body_start + body_length
+        return cls(data[start:body_start].decode(), data[body_start:conversion_start],
+                   data[conversion_start:conversion_start + conversion_length])
 
 
 class PreparedWriter:
@@ -48,10 +75,10 @@ class PreparedWriter:
         self._index = array("q")
         self._tokens = 0
 
-    def add_request(self, request: PreparedRequest) -> tuple[int, int]:
-        """Store one request; its (offset, length) in the request file."""
+    def add_line(self, line: PreparedLine) -> tuple[int, int]:
+        """Store one line; its (offset, length) in the request file."""
         offset = self._requests.tell()
-        data = request.to_bytes()
+        data = line.to_bytes()
         self._requests.write(data)
         return offset, len(data)
 
@@ -92,10 +119,10 @@ class PreparedBatch:
         self.folder = folder
         self._requests: int | None = None
 
-    def request(self, offset: int, length: int) -> PreparedRequest:
+    def line(self, offset: int, length: int) -> PreparedLine:
         if self._requests is None:
             self._requests = os.open(self.folder / REQUESTS, os.O_RDONLY)
-        return PreparedRequest.from_bytes(os.pread(self._requests, length, offset))
+        return PreparedLine.from_bytes(os.pread(self._requests, length, offset))
 
     def close(self) -> None:
         if self._requests is not None:

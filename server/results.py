@@ -41,7 +41,7 @@ from typing import BinaryIO
 
 from tenacity import Retrying, RetryError, stop_after_delay, wait_exponential
 
-from sgl_blend.batch_lines.sender import LineOutcome
+from sgl_blend.batch_lines.outcome import LineOutcome
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.kill_points import kill_point
 from sgl_blend.server.store import AlreadyCommitted, BatchCommit, BatchStore, LeaseLost

@@ -1,14 +1,15 @@
 """Executing batches: validation, feeding the engine as offline work, expiry, cancellation, finalizing.
 
-The runner lives in the HTTP server's event loop (or in `sgl-blend run-batch`'s own process). It
-coordinates every unfinished batch it holds the lease of, and sends each line to a worker's own
-OpenAI route over HTTP with the offline routing key and its placement, so the scheduler's
-BlendServe pool orders it among every other offline line.
+The runner lives in the HTTP server's event loop (`sgl-blend serve`, and the server `sgl-blend
+run-batch` starts for its job). It coordinates every unfinished batch it holds the lease of, and
+runs each line with the offline routing key and its placement, so the scheduler's BlendServe pool
+orders it among every other offline line: through SGLang's own OpenAI handlers in this process
+(`server.in_process`), or through another server's line route (`server.transports`).
 
-A batch streams: validation reads its input once, a chunk at a time in a worker thread, and hands
-each stored chunk to the feed at once (`server.planning`), so the engine runs the first lines
-while the rest is still being read; nothing about a batch is held whole in memory beyond the
-lines not yet answered. Lines are spread over the live slots of the workers (`server.workers`,
+A batch streams: validation reads its input once, a chunk at a time in a worker thread, converting
+each line once (which tokenises it), and hands each stored chunk to the feed at once
+(`server.planning`), so the engine runs the first lines while the rest is still being read;
+nothing about a batch is held whole in memory beyond the lines not yet answered. Lines are spread over the live slots of the workers (`server.workers`,
 one slot per DP rank) by BlendServe's DP partition where their prompts are known; a worker that
 stays unreachable for ``worker_grace_s`` is declared dead and its queued lines move to the slots
 still alive.
@@ -23,10 +24,10 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from sgl_blend.batch_lines.lines import (DEFAULT_MAX_LINE_BYTES, LineError, endpoint_urls, error_record,
-                                        line_error_record)
 from sgl_blend.batch_lines.bodies import BodyCaps
-from sgl_blend.batch_lines.sender import LineOutcome, LineUsage
+from sgl_blend.batch_lines.lines import (DEFAULT_MAX_LINE_BYTES, LineError, endpoint_urls, error_record,
+                                         line_error_record)
+from sgl_blend.batch_lines.outcome import LineOutcome, LineUsage
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.server.active import ActiveBatch, ActiveBatches
 from sgl_blend.server.assignment import Assigner, Slot, split_evenly
@@ -37,12 +38,13 @@ from sgl_blend.server.planning import FeedPlanner
 from sgl_blend.server.prepared import PreparedBatch
 from sgl_blend.server.results import LineResult, ResultWriter
 from sgl_blend.server.store import BatchRow, BatchStore, Conflict, FileRow, LeaseLost, LineRow
-from sgl_blend.server.validation import FileRejected, LineLimits, index_batch
+from sgl_blend.server.validation import FileRejected, LineLimits, Prepare, as_read, index_batch, tokenised
 from sgl_blend.server.workers import WORKER_GRACE_S, WorkerPool
 
 if TYPE_CHECKING:
     from sgl_blend.batch_lines.plan import LinePlanner
     from sgl_blend.batch_lines.tokenize import LineTokenizer
+    from sgl_blend.server.in_process import InProcessEngine
 
 logger = logging.getLogger(__name__)
 OUTPUT_PURPOSE = "batch_output"
@@ -58,20 +60,23 @@ class ValidationStopped(Exception):
 
 
 class BatchRunner:
-    """``tokenizer`` tokenises every line's prompt at validation, when a ``planner`` plans by them
-    or the lines are spread over several slots; ``max_line_bytes`` is the longest line that runs
-    and ``body_caps`` what one line may ask for;
-    ``max_inflight`` caps the lines each slot holds (None: the engine's size decides)."""
+    """``engine``: the engine of the server the runner lives in, which runs the lines of worker
+    ``workers[0]`` in-process and converts (so tokenises) every line at validation. A runner with
+    no engine (a process of its own) reaches every worker through its line route, and tokenises
+    lines with ``tokenizer`` when a ``planner`` plans by their prompts or they are spread over
+    several slots. ``max_line_bytes`` is the longest line that runs and ``body_caps`` what one
+    line may ask for; ``max_inflight`` caps the lines each slot holds (None: the engine's size
+    decides)."""
 
     def __init__(self, store: BatchStore, blobs: BlobDir, *, workers: Sequence[str], owner: str,
-                 api_key: str | None = None, admin_api_key: str | None = None,
-                 max_inflight: int | None = None, max_file_lines: int = 50_000,
+                 engine: InProcessEngine | None = None, api_key: str | None = None,
+                 admin_api_key: str | None = None, max_inflight: int | None = None, max_file_lines: int = 50_000,
                  max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, assigner: Assigner = split_evenly,
                  poll_s: float = POLL_S, lease_s: float = LEASE_S, worker_grace_s: float = WORKER_GRACE_S,
                  planner: LinePlanner | None = None, tokenizer: LineTokenizer | None = None,
                  body_caps: BodyCaps = BodyCaps()) -> None:
-        if planner is not None and tokenizer is None:
-            raise ValueError("a runner that plans by prompts needs the served model's tokenizer")
+        if planner is not None and engine is None and tokenizer is None:
+            raise ValueError("a runner that plans by prompts needs the served model's engine or tokenizer")
         self.store = store
         self.blobs = blobs
         self.owner = owner
@@ -80,9 +85,11 @@ class BatchRunner:
         self.body_caps = body_caps
         self.poll_s = poll_s
         self.lease_s = lease_s
+        self.engine = engine
         self.tokenizer = tokenizer
         self.assigner = assigner
-        self.workers = WorkerPool(workers, api_key=api_key, admin_api_key=admin_api_key, grace_s=worker_grace_s,
+        self.workers = WorkerPool(workers, engine=engine, local_url=workers[0] if workers else None, api_key=api_key,
+                                  admin_api_key=admin_api_key, grace_s=worker_grace_s,
                                   on_change=lambda: self.wake(refresh=False))
         self.batches = ActiveBatches()
         self.feed = Feed()
@@ -101,12 +108,11 @@ class BatchRunner:
 
     async def run(self) -> None:
         """Coordinate batches until cancelled; then stop sending, commit what finished, release leases."""
-        self.workers.open()
         writer_task = asyncio.create_task(self._writer.run())
         steal = self.store.exclusive
         next_claim = next_housekeeping = 0.0
         try:
-            while True:
+            while not (self.engine is not None and self.engine.stopping):
                 now = time.monotonic()
                 try:
                     if self._refresh or now >= next_claim:
@@ -133,6 +139,7 @@ class BatchRunner:
                         await self._wake.wait()
                 except TimeoutError:
                     pass
+            logger.info("the server is stopping: the batch runner stops, its unfinished lines run again on a restart")
         finally:
             await self._shutdown(writer_task)
 
@@ -272,13 +279,23 @@ class BatchRunner:
             await self._reload(batch)
 
     def _index_lines(self, row: BatchRow, done: set[int], on_chunk) -> int:
-        """Validate the batch (in a worker thread), tokenising its prompts when the plan or the
-        spread over several slots reads them; the number of lines."""
+        """Validate the batch (in a worker thread); the number of lines."""
         limits = LineLimits(endpoint_urls(row.endpoint), self.max_file_lines, self.max_line_bytes, self.body_caps)
-        tokenize = self.planner.planner is not None or len(self.workers.live_slots()) > 1
         return index_batch(self.store, self.owner, row.id, self.blobs.path(row.input_file_id),
-                           self.blobs.prepared_dir(row.id), limits, self.tokenizer if tokenize else None,
-                           done=done, on_chunk=on_chunk)
+                           self.blobs.prepared_dir(row.id), limits, self._preparer(), done=done, on_chunk=on_chunk)
+
+    def _preparer(self) -> Prepare:
+        """Lines converted by the engine (its prompt ids are the plan's), or, with no engine,
+        tokenised when the plan or the spread over several slots reads their prompts."""
+        engine, tokenizer = self.engine, self.tokenizer
+        if engine is not None:
+            return lambda lines: [(converted.stored, converted.prompt_ids) for converted in engine.convert(lines)]
+        if tokenizer is not None and self._reads_prompts():
+            return tokenised(tokenizer)
+        return as_read
+
+    def _reads_prompts(self) -> bool:
+        return self.engine is not None or self.planner.planner is not None or len(self.workers.live_slots()) > 1
 
     async def _fail(self, batch: ActiveBatch, rejected: FileRejected) -> None:
         await asyncio.to_thread(self.store.fail_batch, batch.id, self.owner, [rejected.as_batch_error()],
@@ -290,8 +307,7 @@ class BatchRunner:
         go back to the feed, in its stored plan where there is one."""
         batch.taken_up = True
         rows = await asyncio.to_thread(self.store.pending_lines, batch.id)
-        reads_prompts = self.planner.planner is not None or len(self.workers.live_slots()) > 1
-        items = await asyncio.to_thread(batch.prepared.prompts) if reads_prompts else {}
+        items = await asyncio.to_thread(batch.prepared.prompts) if self._reads_prompts() else {}
         self._lines_ready(batch, [row for row in rows if row.plan_rank is None or row.placement is None], items)
         planned = sorted((row for row in rows if row.error_code is None and row.plan_rank is not None
                           and row.placement is not None), key=lambda row: row.plan_rank)

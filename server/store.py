@@ -56,8 +56,9 @@ class BatchStore(LineQueries):
         migrate(db)
 
     @classmethod
-    def open(cls, store_url: str, data_dir: Any) -> BatchStore:
-        db = open_database(store_url, data_dir)
+    def open(cls, store_url: str, data_dir: Any, *, lock: bool = True) -> BatchStore:
+        """``lock``: see `server.db.open_database`."""
+        db = open_database(store_url, data_dir, lock=lock)
         try:
             return cls(db)
         except BaseException:

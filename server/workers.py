@@ -1,9 +1,10 @@
-"""The worker servers a batch runner sends lines to, and the one HTTP client it reaches them with.
+"""The worker servers a batch runner runs lines on, and how it reaches each (`server.transports`).
 
-Workers are base URLs: this server, and any others `sgl-blend serve --batch-workers` names. Each
-offers one slot per DP rank (its ``dp_size``, read from its ``/server_info``). A worker that gives
-no answer is paused with a growing back-off (`client.http.Backoff`) and its lines wait; one that
-stays unreachable for the grace period is declared dead, and is probed again at its back-off pace
+Workers are named by base URL: this server, whose engine the runner calls in-process, and any
+others `sgl-blend serve --batch-workers` names, reached through their line route over one HTTP
+client. Each offers one slot per DP rank (its ``dp_size``). A worker that gives no answer is
+paused with a growing back-off (`client.http.Backoff`) and its lines wait; one that stays
+unreachable for the grace period is declared dead, and is probed again at its back-off pace
 until it answers ``/server_info`` once more.
 
 A line that meets something transient -- an engine 5xx, 408 or 429, an abort the runner did not
@@ -23,20 +24,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-import httpx
 from tenacity import (AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_any,
                       wait_exponential, wait_random)
 
+from sgl_blend.batch_lines.lines import error_record
+from sgl_blend.batch_lines.outcome import AnswerLost, LineOutcome, LineUsage, WorkerUnreachable, aborted_outcome
 from sgl_blend.client import http
-from sgl_blend.batch_lines.lines import PreparedRequest, error_record
-from sgl_blend.batch_lines.sender import (AnswerLost, LineOutcome, LineUsage, WorkerUnreachable, abort_requests,
-                                          send_request)
 from sgl_blend.server.assignment import Slot, worker_slots
+from sgl_blend.server.in_process import InProcessEngine
+from sgl_blend.server.prepared import PreparedLine
+from sgl_blend.server.transports import InProcessTransport, LineCall, StreamTransport, Transport
 
 logger = logging.getLogger(__name__)
 MAX_WORKER_BACKOFF_S = 10.0
 WORKER_GRACE_S = 15.0
-PROBE_TIMEOUT_S = 10.0
 # Tries of one line on its worker, and the pauses between them (doubling, with jitter): together
 # about 15 s, so that a blip passes while the line waits, and a worker that is really down reaches
 # its grace period through its other lines.
@@ -78,6 +79,7 @@ class EngineLimits:
 @dataclass
 class Worker:
     url: str
+    transport: Transport
     dp_size: int | None = None  # None: not known to be alive (not probed yet, or declared dead)
     inflight: int = 0
     limits: EngineLimits = field(default_factory=EngineLimits)
@@ -92,22 +94,23 @@ class Worker:
 
 
 class WorkerPool:
-    """Every worker by URL, over one client with no cap of its own on requests in flight (the
-    dispatcher's windows are the cap). ``on_change`` is called when a worker is declared dead
-    (its lines must move)."""
+    """Every worker by URL: ``engine`` (this server's, when the runner lives in one) runs the
+    lines of ``local_url`` in-process; the others are reached over one HTTP client, whose few
+    connections per worker carry chunks of lines. ``on_change`` is called when a worker is
+    declared dead (its lines must move)."""
 
-    def __init__(self, urls: Sequence[str], *, api_key: str | None = None,
-                 admin_api_key: str | None = None, grace_s: float = WORKER_GRACE_S,
+    def __init__(self, urls: Sequence[str], *, engine: InProcessEngine | None = None, local_url: str | None = None,
+                 api_key: str | None = None, admin_api_key: str | None = None, grace_s: float = WORKER_GRACE_S,
                  on_change: Callable[[], None] = lambda: None) -> None:
         if not urls:
             raise ValueError("a batch runner needs at least one worker URL")
-        self.workers = {url: Worker(url) for url in dict.fromkeys(urls)}
+        self._client = http.async_client(key=api_key, max_connections=None)
+        abort_headers = http.auth_headers(admin_api_key or api_key)
+        self.workers = {url: Worker(url, InProcessTransport(engine) if engine is not None and url == local_url
+                                    else StreamTransport(url, self._client, abort_headers=abort_headers))
+                        for url in dict.fromkeys(urls)}
         self.grace_s = grace_s
-        self._api_key = api_key
-        # SGLang guards /abort_request with the admin key when one is set.
-        self._abort_auth = http.auth_headers(admin_api_key or api_key)
         self._on_change = on_change
-        self._client: httpx.AsyncClient | None = None
         # Each line's request id as the dispatcher knows it -> the id of its try under way, and
         # the lines the runner aborted (their abort is final, never retried).
         self._trying: dict[str, str] = {}
@@ -116,12 +119,10 @@ class WorkerPool:
     def __getitem__(self, url: str) -> Worker:
         return self.workers[url]
 
-    def open(self) -> None:
-        self._client = http.async_client(key=self._api_key, max_connections=None)
-
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
+        for worker in self.workers.values():
+            await worker.transport.close()
+        await self._client.aclose()
 
     def live_slots(self) -> list[Slot]:
         return [slot for worker in self.workers.values() for slot in worker.slots()]
@@ -131,8 +132,8 @@ class WorkerPool:
         now = time.monotonic()
         return (worker for worker in self.workers.values() if worker.live and worker.backoff.ready(now))
 
-    async def send(self, worker: Worker, custom_id: str, request: PreparedRequest, headers: Mapping[str, str],
-                   rid: str, dp_rank: int | None) -> LineOutcome:
+    async def send(self, worker: Worker, custom_id: str, line: PreparedLine, routing_key: str, rid: str,
+                   dp_rank: int | None) -> LineOutcome:
         """The line's outcome from the worker, tried again while what comes back is transient.
         Raises `WorkerUnreachable` when the worker cannot be reached, or is what keeps failing
         (the line never ran, or may run again: it goes back to wait or move); an abort the runner
@@ -153,8 +154,8 @@ class WorkerPool:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._try(worker, custom_id, request, headers, rid, attempt.retry_state.attempt_number,
-                                           dp_rank)
+                    return await self._try(worker, custom_id, line, routing_key, rid,
+                                           attempt.retry_state.attempt_number, dp_rank)
         except (_Transient, AnswerLost) as last:
             return self._gave_up(worker, custom_id, rid, last, first_failure[0] if first_failure else time.monotonic())
         finally:
@@ -162,15 +163,14 @@ class WorkerPool:
             self._aborted.discard(rid)
         raise AssertionError("tenacity neither returned nor raised")
 
-    async def _try(self, worker: Worker, custom_id: str, request: PreparedRequest, headers: Mapping[str, str],
-                   rid: str, number: int, dp_rank: int | None) -> LineOutcome:
+    async def _try(self, worker: Worker, custom_id: str, line: PreparedLine, routing_key: str, rid: str,
+                   number: int, dp_rank: int | None) -> LineOutcome:
         """One try, under the line's request id the first time and a fresh one after that."""
         if rid in self._aborted:
-            return _aborted(custom_id)
+            return aborted_outcome(custom_id)
         self._trying[rid] = rid if number == 1 else f"{rid}-try{number}"
         try:
-            outcome = await send_request(self._client, worker.url, custom_id, request, headers, self._trying[rid],
-                                         dp_rank=dp_rank)
+            outcome = await worker.transport.run(LineCall(custom_id, line, self._trying[rid], routing_key, dp_rank))
         except (WorkerUnreachable, AnswerLost) as error:
             self._failed(worker, error)
             raise
@@ -183,7 +183,7 @@ class WorkerPool:
     def _gave_up(self, worker: Worker, custom_id: str, rid: str, last: Exception, first_failure: float) -> LineOutcome:
         """The tries ran out (or the runner aborted the line, or its worker was declared dead)."""
         if rid in self._aborted:
-            return _aborted(custom_id)
+            return aborted_outcome(custom_id)
         failing_since = worker.backoff.failing_since
         served_others = failing_since is None or failing_since > first_failure
         if not worker.live or not served_others:
@@ -199,10 +199,10 @@ class WorkerPool:
         each, and no try after it."""
         running = [(url, rid) for url, rid in running if rid in self._trying]
         self._aborted.update(rid for _url, rid in running)
-        for url in self.workers:
-            rids = [self._trying[rid] for worker, rid in running if worker == url and rid in self._trying]
+        for url, worker in self.workers.items():
+            rids = [self._trying[rid] for owner, rid in running if owner == url and rid in self._trying]
             if rids:
-                await abort_requests(self._client, url, rids, self._abort_auth)
+                await worker.transport.abort(rids)
 
     def _failed(self, worker: Worker, error: Exception) -> None:
         """Pause a worker that failed a line (down, not listening yet, or answering only errors);
@@ -218,26 +218,14 @@ class WorkerPool:
             logger.info("worker %s failed a line; pausing it %.1f s: %s", worker.url, pause, error)
 
     async def probe(self) -> None:
-        """Ask each worker not known to be alive for its ``/server_info`` (at its back-off pace): one
-        that answers is alive, with as many slots as it has DP ranks."""
+        """Ask each worker not known to be alive what it is (at its back-off pace): one that
+        answers is alive, with as many slots as it has DP ranks."""
         now = time.monotonic()
         waiting = [worker for worker in self.workers.values() if not worker.live and worker.backoff.ready(now)]
-        for worker, info in zip(waiting, await asyncio.gather(*(self._server_info(worker) for worker in waiting))):
+        for worker, info in zip(waiting, await asyncio.gather(*(worker.transport.info() for worker in waiting))):
             if info is None:
                 worker.backoff.failed(now)
                 continue
             worker.dp_size, worker.limits = http.dp_size(info), EngineLimits.of(info)
             worker.backoff.succeeded()
             logger.info("worker %s is alive with %d DP rank(s)", worker.url, worker.dp_size)
-
-    async def _server_info(self, worker: Worker) -> dict[str, Any] | None:
-        try:
-            return await http.server_info_async(self._client, worker.url, timeout=PROBE_TIMEOUT_S)
-        except (http.NoAnswer, httpx.HTTPStatusError, ValueError):
-            return None
-
-
-def _aborted(custom_id: str) -> LineOutcome:
-    """The outcome of a line the runner aborted before its next try began."""
-    return LineOutcome(False, error_record(custom_id, "aborted", "the batch stopped before this request ran"),
-                       LineUsage(), aborted=True)

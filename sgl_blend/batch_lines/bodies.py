@@ -6,7 +6,7 @@ completions) fails at validation, alone, instead of after it waited its turn in 
 body asking for more than the caps allow (``n: 1000000``, ``max_tokens: 10**12``) fails before
 anything sizes plans, KV reservations or result files by it. The models are SGLang's
 (``sglang.srt.entrypoints.openai.protocol``), validated against the exact bytes the line will be
-sent as, since some of SGLang's validators rewrite the dict they are given.
+sent as (to a remote worker), since some of SGLang's validators rewrite the dict they are given.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def _models() -> dict[str, type[BaseModel]]:
             "/v1/embeddings": EmbeddingRequest}
 
 
-def body_problem(url: str, encoded: bytes, caps: BodyCaps) -> str | None:
-    """Why the line's body, ``encoded`` as it will be sent, cannot run; None when it can."""
+def validate_body(url: str, encoded: bytes, caps: BodyCaps) -> BaseModel | str:
+    """The line's body, ``encoded`` as a remote worker is sent it, as SGLang's request model for
+    ``url``; or why it cannot run."""
     try:
         request = _models()[url].model_validate_json(encoded)
     except ValidationError as error:
@@ -61,7 +62,7 @@ def body_problem(url: str, encoded: bytes, caps: BodyCaps) -> str | None:
         value = fields.get(name)
         if value is not None and not 0 <= value <= caps.max_tokens:
             return f"{name} must be from 0 to {caps.max_tokens} on this server, got {value}"
-    return None
+    return request
 
 
 def _describe(problem: dict) -> str:

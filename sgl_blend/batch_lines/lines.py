@@ -1,12 +1,11 @@
-"""Lines of an OpenAI batch file: parsing, validation, the request each becomes, and the output and
-error line shapes.
+"""Lines of an OpenAI batch file: parsing, validation, and the output and error line shapes.
 
 One bad line must fail only itself, so parsing never raises: whatever the bytes (invalid UTF-8, a
 document nested a hundred thousand deep, a number of five thousand digits, a line over the size
 limit, a body SGLang's request model refuses or one over the caps of `bodies`) it returns either a
 runnable `BatchLine` or a `LineError` with the code the error file will carry. A line is parsed
-once, when its batch is validated: its body is then kept as the bytes of the request it becomes
-(`PreparedRequest`), which is sent without being decoded again.
+once, when its batch is validated: its body is kept as SGLang's request model (what the engine
+converts it from) and as the JSON bytes a remote worker is sent.
 """
 
 from __future__ import annotations
@@ -17,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from sgl_blend.batch_lines.bodies import BodyCaps, body_problem
+from pydantic import BaseModel
+
+from sgl_blend.batch_lines.bodies import BodyCaps, validate_body
 
 SUPPORTED_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 # `sgl-blend run-batch` takes a `vllm run-batch` file as it is: chat and completion lines mixed.
@@ -26,20 +27,22 @@ RUN_BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
 ENDPOINT_SEPARATOR = "|"
 RUN_BATCH_ENDPOINT = ENDPOINT_SEPARATOR.join(RUN_BATCH_URLS)
 REQUIRED_BODY_FIELD = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", "/v1/embeddings": "input"}
-# Body fields the executor sets on each request it sends; a line's own value would override them.
+# Body fields the executor sets on each request it runs; a line's own value would override them.
 EXECUTOR_FIELDS = ("rid", "routed_dp_rank")
 DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class BatchLine:
-    """A runnable line: its body as parsed, and as the request it is sent as."""
+    """A runnable line: its body as parsed, as SGLang's request model validated it (``request``),
+    and as the JSON bytes without the executor's fields (``encoded``)."""
 
     line_number: int
     custom_id: str
     url: str
     body: dict[str, Any]
-    request: PreparedRequest
+    encoded: bytes
+    request: BaseModel
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class LineError:
 
 def parse_line(raw: bytes | str, line_number: int, allowed_urls: tuple[str, ...] = SUPPORTED_URLS,
                max_bytes: int = DEFAULT_MAX_LINE_BYTES, caps: BodyCaps = BodyCaps()) -> BatchLine | LineError:
+    """The line's bytes parsed (see the module's docstring: this never raises)."""
     if len(raw) > max_bytes:
         return line_too_long(line_number, max_bytes)
     try:
@@ -64,6 +68,13 @@ def parse_line(raw: bytes | str, line_number: int, allowed_urls: tuple[str, ...]
         return LineError(line_number, None, "invalid_json", f"line {line_number} is nested too deeply")
     except ValueError as error:  # an integer past Python's digit limit
         return LineError(line_number, None, "invalid_json", f"line {line_number}: {error}")
+    return parse_record(record, line_number, allowed_urls, caps)
+
+
+def parse_record(record: Any, line_number: int, allowed_urls: tuple[str, ...] = SUPPORTED_URLS,
+                 caps: BodyCaps = BodyCaps()) -> BatchLine | LineError:
+    """A line already decoded from JSON (a remote runner's line, `server.line_route`), checked as
+    `parse_line` checks it."""
     if not isinstance(record, dict):
         return LineError(line_number, None, "invalid_request", f"line {line_number} is not a JSON object")
     custom_id = record.get("custom_id")
@@ -84,13 +95,13 @@ def parse_line(raw: bytes | str, line_number: int, allowed_urls: tuple[str, ...]
     if body.get("stream"):
         return LineError(line_number, custom_id, "invalid_body", "stream is not supported in a batch line")
     try:
-        request = _encode(url, body)
+        encoded = _encode(body)
     except (RecursionError, ValueError) as error:
         return LineError(line_number, custom_id, "invalid_body", f"the body cannot be encoded: {error}")
-    problem = body_problem(url, request.body, caps)
-    if problem is not None:
-        return LineError(line_number, custom_id, "invalid_body", problem)
-    return BatchLine(line_number, custom_id, url, body, request)
+    request = validate_body(url, encoded, caps)
+    if isinstance(request, str):
+        return LineError(line_number, custom_id, "invalid_body", request)
+    return BatchLine(line_number, custom_id, url, body, encoded, request)
 
 
 def read_lines(path: Path, urls: tuple[str, ...] = RUN_BATCH_URLS) -> Iterator[BatchLine | LineError]:
@@ -118,46 +129,11 @@ def duplicate_id_error(line_number: int, custom_id: str) -> LineError:
                      f"custom_id {custom_id!r} appears more than once (line {line_number})")
 
 
-@dataclass(frozen=True)
-class PreparedRequest:
-    """A line as it is sent: its route and its body's JSON bytes, without the executor's fields.
-
-    The body was encoded once, from the parsed line, by `prepare`; `body_with` adds the request id
-    and DP rank by splicing them in after the opening brace (the encoding always starts with
-    ``{``, and the line's own values of those fields were dropped), so a line is never decoded twice.
-    """
-
-    url: str
-    body: bytes
-
-    def body_with(self, **fields: Any) -> bytes:
-        extra = ", ".join(f"{json.dumps(name)}: {json.dumps(value)}" for name, value in fields.items()
-                          if value is not None)
-        if not extra:
-            return self.body
-        rest = self.body[1:].lstrip()
-        return b"{" + extra.encode() + (b"" if rest.startswith(b"}") else b", ") + rest
-
-    def to_bytes(self) -> bytes:
-        """One record of a batch's request file: the route, a tab, the body."""
-        return self.url.encode() + b"\t" + self.body
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> PreparedRequest:
-        url, _, body = data.partition(b"\t")
-        return cls(url.decode(), body)
-
-
-def prepare(line: BatchLine) -> PreparedRequest:
-    """The request a parsed line becomes (encoded once, when it was parsed)."""
-    return line.request
-
-
-def _encode(url: str, body: dict[str, Any]) -> PreparedRequest:
+def _encode(body: dict[str, Any]) -> bytes:
     """The body without the executor's fields, as JSON bytes. NaN and infinities stay as the line
     wrote them: the engine judges them, and its answer is the line's result."""
     kept = {name: value for name, value in body.items() if name not in EXECUTOR_FIELDS}
-    return PreparedRequest(url, json.dumps(kept, ensure_ascii=False).encode())
+    return json.dumps(kept, ensure_ascii=False).encode()
 
 
 def new_line_id() -> str:

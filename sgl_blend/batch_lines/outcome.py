@@ -1,7 +1,8 @@
-"""Sending one prepared batch line to a server, and turning its answer into an output or error record.
+"""What running one batch line came to: its output or error record, its token usage, and whether
+the answer was the line's own or the engine's trouble.
 
-The batch runner (behind the Batch API and `sgl-blend run-batch` alike) sends every line this way.
-What could not have been the line's own fault never becomes its record:
+Whichever way a line ran (in the server's own process, or on a remote worker through its line
+route), what could not have been the line's own fault never becomes its record:
 
 - no connection at all (nothing listens) raises `WorkerUnreachable`: the line has not run;
 - a connection that broke or timed out before the answer raises `AnswerLost`: it may have run,
@@ -14,18 +15,11 @@ Every other answer (200, or a 4xx the body earned) is the line's result.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-import httpx
+from sgl_blend.batch_lines.lines import error_record, output_record
 
-from sgl_blend.client import http
-from sgl_blend.batch_lines.lines import PreparedRequest, output_record
-
-# The routes whose request carries SGLang's ``routed_dp_rank`` (embedding requests have no such field).
-DP_ROUTED_URLS = ("/v1/chat/completions", "/v1/completions")
 # Answers that say the server could not serve the request now, not that the request is wrong.
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -89,26 +83,10 @@ class LineOutcome:
         return self.aborted or self.status in TRANSIENT_STATUSES
 
 
-async def send_request(client: httpx.AsyncClient, base_url: str, custom_id: str, request: PreparedRequest,
-                       headers: Mapping[str, str] | None = None, rid: str | None = None,
-                       dp_rank: int | None = None) -> LineOutcome:
-    """POST the line's prepared request to ``base_url + request.url``; any HTTP answer becomes the
-    line's outcome. ``rid`` names the request inside SGLang, so that `abort_requests` can stop it;
-    ``dp_rank`` has SGLang's DP controller run it on that rank (chat and completion lines). Raises
-    `WorkerUnreachable` or `AnswerLost` when no answer came."""
-    body = request.body_with(rid=rid, routed_dp_rank=dp_rank if request.url in DP_ROUTED_URLS else None)
-    try:
-        response = await client.post(base_url + request.url, content=body,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-    except (httpx.ConnectError, httpx.ConnectTimeout) as error:
-        raise WorkerUnreachable(f"{base_url}: {type(error).__name__}: {error}") from error
-    except http.NoAnswer as error:
-        raise AnswerLost(f"{base_url}: {type(error).__name__}: {error}") from error
-    text, status = response.text, response.status_code
-    try:
-        answer = json.loads(text)
-    except json.JSONDecodeError:
-        answer = {"error": {"message": text[:2000]}}
+def answer_outcome(custom_id: str, status: int, answer: Any) -> LineOutcome:
+    """The outcome of the engine's answer to a line: an HTTP status and the body the OpenAI route
+    would have sent (a 200's choices each carry a ``finish_reason``; ``abort`` says SGLang stopped
+    the request before it finished)."""
     if status != 200:
         return LineOutcome(False, output_record(custom_id, status, answer), LineUsage(), status=status)
     request_id = answer.get("id") if isinstance(answer, dict) else None
@@ -118,16 +96,7 @@ async def send_request(client: httpx.AsyncClient, base_url: str, custom_id: str,
                        LineUsage.from_body(answer), aborted, status)
 
 
-async def abort_requests(client: httpx.AsyncClient, base_url: str, rids: list[str],
-                         headers: Mapping[str, str] | None = None) -> None:
-    """Stop requests a server is still running (``POST /abort_request``); each answers at once
-    with ``finish_reason`` abort. Dropping the connection instead leaves SGLang to notice the
-    disconnect on a later poll, which under load lags by many seconds of wasted decoding. A
-    request already gone needs nothing, so failures pass."""
-    async def abort(rid: str) -> None:
-        try:
-            await client.post(base_url + "/abort_request", json={"rid": rid}, headers=headers)
-        except http.NoAnswer:
-            pass
-
-    await asyncio.gather(*(abort(rid) for rid in rids))
+def aborted_outcome(custom_id: str) -> LineOutcome:
+    """The outcome of a line the runner aborted before SGLang answered it."""
+    return LineOutcome(False, error_record(custom_id, "aborted", "the batch stopped before this request ran"),
+                       LineUsage(), aborted=True)

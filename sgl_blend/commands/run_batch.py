@@ -1,7 +1,7 @@
 """Run an OpenAI batch file offline through a local server; resumable, with a progress bar.
 
-The job is run by the Batch API's own runner over a store beside the output
-(`sgl_blend.jobs.run_batch`), so a re-run of the same command resumes it."""
+The job is run by the Batch API's own runner inside the server it starts, over a store beside the
+output (`sgl_blend.jobs.run_batch`), so a re-run of the same command resumes it."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "reports the job's time on that device")
     parser.add_argument("--emulate-realtime", type=float, default=None, metavar="FACTOR", help=REALTIME_HELP)
     parser.add_argument("--max-inflight", type=int, default=None,
-                        help="cap on the lines handed to the scheduler at once (default: 8 times the requests it "
-                             "runs at once, from its KV pool and running limit)")
+                        help="cap on the lines handed to the scheduler at once (default: a measured multiple of the "
+                             "requests it runs at once, from its KV pool and running limit)")
     parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
                         help="longest line that runs (a longer one fails alone, in the error file)")
     parser.add_argument("--server-log", type=Path, default=None, help="where the server's output goes")
@@ -51,7 +51,7 @@ def _stop_like_ctrl_c(_signum: int, _frame: object) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sgl_blend.jobs.fresh_server import run_on_fresh_server
-    from sgl_blend.jobs.run_batch import JobInputChanged, JobOptions
+    from sgl_blend.jobs.run_batch import JobOptions, JobRefused
     from sgl_blend.launch.supervisor import ServerStartError
 
     if not args.input.is_file():
@@ -62,19 +62,24 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     error_path = args.error_file or args.output.with_suffix(".errors.jsonl")
     server_log = args.server_log or args.output.with_suffix(".server.log")
-    print(f"starting the {args.model} server (log: {server_log}) ...", file=sys.stderr, flush=True)
+    def announce(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
     try:
         totals, state = run_on_fresh_server(
             args.model, args.policy, args.input, args.output, error_path, sglang_args=args.extra_args,
             hardware=args.hardware, server_log=server_log, emulate=args.emulate,
-            emulate_realtime=args.emulate_realtime,
+            emulate_realtime=args.emulate_realtime, announce=announce,
             options=JobOptions(args.max_inflight, args.max_line_bytes, show_progress=not args.no_progress))
-    except (ServerStartError, FileNotFoundError, ValueError, JobInputChanged) as error:
+    except (ServerStartError, FileNotFoundError, ValueError, JobRefused) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted: finished lines are saved; run the same command again to resume", file=sys.stderr)
         return 130
+    if totals.already_finished:
+        print(f"the job was already finished ({totals.skipped} lines); its results are in {args.output} and "
+              f"{error_path}", file=sys.stderr)
     if totals.not_run:
         print(f"{totals.not_run} lines did not run (the engine went away); run the same command again to run them",
               file=sys.stderr)

@@ -59,28 +59,45 @@ def emulated_seconds(before: ClockReading, after: ClockReading) -> float:
 @dataclass(frozen=True)
 class JobTime:
     """A job's emulated time on the slowest rank: ``device_seconds`` of forwards plus
-    ``idle_seconds`` the device waited for work while the job still had lines to run."""
+    ``idle_seconds`` the device waited for work while the job still had lines to run.
+    ``late_seconds``: how much later than the device the host delivered its batches (device
+    seconds; measured only in real time, `emulation.realtime`, else 0): a device fed by this host
+    would have waited that long too, which ``seconds_with_lateness`` charges."""
 
     device_seconds: float
     idle_seconds: float
+    late_seconds: float = 0.0
 
     @property
     def seconds(self) -> float:
         return self.device_seconds + self.idle_seconds
 
+    @property
+    def seconds_with_lateness(self) -> float:
+        return self.seconds + self.late_seconds
 
-def job_time(before: ClockReading, after: ClockReading) -> JobTime:
-    """The emulated time of a job that began at ``before`` and whose last line was answered by
-    ``after``: the idle interval under way at ``after`` began when the last forward ended, after
-    the job's work, so it is not the job's."""
-    if set(before.ranks) != set(after.ranks):
+
+def job_time(before: ClockReading | None, after: ClockReading) -> JobTime:
+    """The emulated time of a job that began at ``before`` (None: on a fresh server, at its first
+    forward with offline work) and whose last line was answered by ``after``: the idle interval
+    under way at ``after`` began when the last forward ended, after the job's work, so it is not
+    the job's."""
+    if before is not None and set(before.ranks) != set(after.ranks):
         raise ValueError(f"the readings are of different ranks: {sorted(before.ranks)} and {sorted(after.ranks)}")
     times = []
     for rank in after.ranks:
-        start, end = before.ranks[rank], after.ranks[rank]
+        end = after.ranks[rank]
+        start = before.ranks[rank] if before is not None else end.get("job_start") or end
         idle = float(end["idle_wall_seconds"]) - float(end["idle_under_way_seconds"]) - float(start["idle_wall_seconds"])
-        times.append(JobTime(float(end["device_seconds"]) - float(start["device_seconds"]), max(idle, 0.0) / _stretch(end)))
-    return max(times, key=lambda time: time.seconds)
+        late = _behind(end) - _behind(start)
+        times.append(JobTime(float(end["device_seconds"]) - float(start["device_seconds"]), max(idle, 0.0) / _stretch(end),
+                             late / _stretch(end)))
+    return max(times, key=lambda time: time.seconds_with_lateness)
+
+
+def _behind(state: Mapping[str, Any]) -> float:
+    """Wall seconds the host fell behind the device in real time (0 when forwards return at once)."""
+    return float((state.get("realtime") or {}).get("behind_s") or 0.0)
 
 
 def _stretch(state: Mapping[str, Any]) -> float:

@@ -33,6 +33,7 @@ from sgl_blend.emulation.config import EMULATION_KEY, STATE_KEY, EmulationConfig
 from sgl_blend.emulation.devices import resolve_device
 from sgl_blend.emulation.pricing import DECODE, MIXED, PREFILL, ForwardPricer, batch_shape
 from sgl_blend.emulation.realtime import RealTimePacer
+from sgl_blend.offline import is_offline
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,9 @@ class Emulator:
         self.pricer = ForwardPricer.of(resolve_device(config.device), config.model, config.tp)
         self.clock = DeviceClock()
         self.pacer = RealTimePacer(config.realtime_factor) if config.realtime_factor is not None else None
+        # The clock (and the pacer's lateness) when the first forward with offline work began: a
+        # job on a fresh server starts there, not with the server's start-up or a health check.
+        self.job_start: dict[str, Any] | None = None
 
     def forward(self, original: Callable[..., Any], worker: Any, *args: Any, **kwargs: Any) -> Any:
         scheduled = self.boundary.bind(self.boundary.EMULATED_FORWARD, worker, *args, **kwargs).arguments["batch"]
@@ -98,6 +102,10 @@ class Emulator:
             return original(worker, *args, **kwargs)
         kind, shape = priced
         self.clock.busy()
+        if self.job_start is None and any(is_offline(req.routing_key) for req in scheduled.reqs):
+            self.job_start = {"device_seconds": self.clock.device_seconds,
+                              "idle_wall_seconds": self.clock.idle_wall_seconds,
+                              "realtime": self.pacer.state() if self.pacer is not None else None}
         seconds = self.pricer.seconds(shape)
         if self.config.runs_model:
             started = time.perf_counter()
@@ -139,6 +147,7 @@ class Emulator:
             **self.clock.state(),
             "wall_per_device_second": self.config.realtime_factor or 1.0,
             "realtime": self.pacer.state() if self.pacer is not None else None,
+            "job_start": self.job_start,
         }
 
 

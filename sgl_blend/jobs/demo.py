@@ -12,7 +12,7 @@ import openai
 
 from sgl_blend.workloads.batch_files import fewshot_lines, sharegpt_lines, write_jsonl
 from sgl_blend.client.batches import download, submit, wait
-from sgl_blend.batch_lines.sender import LineUsage
+from sgl_blend.batch_lines.outcome import LineUsage
 
 
 def demo_lines(n: int) -> list[dict]:

@@ -1,19 +1,22 @@
-"""`sgl-blend run-batch`: an offline job over an OpenAI batch file, run by the Batch API's own runner.
+"""`sgl-blend run-batch`: an offline job over an OpenAI batch file, run by the Batch API's own runner
+inside the server the job starts.
 
 The job is one batch in a store of its own beside the output (``OUT.sgl-blend/``: SQLite and the
-batch's prepared lines). Validation, planning, output-length samples, DP assignment, feeding and
-exactly-once result writing are `sgl_blend.server.runner`'s, the code that runs a batch submitted to
-``/v1/batches``; the runner lives in this process and sends the lines to a local server. Results
-are appended straight to the output and error files the user named and committed in the store,
-so a re-run of the same command -- after Ctrl-C, SIGTERM or a kill -9 of every process -- cuts each
-file back to what was committed and runs only the lines not done: nothing lost, nothing twice.
+batch's prepared lines). The job's server is started with the Batch API on that store, the job's
+input, output and error files named in it as the batch's files, so its runner -- the code that runs
+a batch submitted to ``/v1/batches``, in the server's own process -- takes the batch up as soon as
+it starts: validation, planning, output-length samples, DP assignment, running the lines
+in-process and exactly-once result writing are all the runner's. This process only follows the
+batch's progress in the store and stops the server at the end. Results are appended to the output
+and error files the user named and committed in the store, so a re-run of the same command --
+after Ctrl-C, SIGTERM or a kill -9 of every process -- cuts each file back to what was committed
+and runs only the lines not done: nothing lost, nothing twice. A job that is already finished, or
+whose input has no lines, is answered without starting a server.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,17 +25,14 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
-from sgl_blend.core.cost_model import CostModel
-from sgl_blend.batch_lines.plan import LinePlanner
-from sgl_blend.batch_lines.tokenize import LineTokenizer
-from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES, RUN_BATCH_ENDPOINT
-from sgl_blend.batch_lines.sender import LineUsage
+from sgl_blend.batch_lines.lines import DEFAULT_MAX_LINE_BYTES, RUN_BATCH_ENDPOINT, RUN_BATCH_URLS
+from sgl_blend.batch_lines.outcome import LineUsage
 from sgl_blend.emulation.clock_reader import JobTime
-from sgl_blend.server.assignment import PrefixAssigner
 from sgl_blend.server.blobs import BlobDir
+from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.server.ids import new_batch_id, new_file_id
-from sgl_blend.server.runner import BatchRunner
 from sgl_blend.server.store import TERMINAL_STATUSES, BatchRow, BatchStore, FileRow
+from sgl_blend.server.validation import FileRejected, LineLimits, count_requests
 
 STORE_SUFFIX = ".sgl-blend"
 POLL_S = 0.5
@@ -41,8 +41,13 @@ JOB_WINDOW_S = 100 * 365 * 24 * 3600
 _HASH_CHUNK = 1 << 20
 
 
-class JobInputChanged(RuntimeError):
-    """The input file is not the one the job's store was made for."""
+class JobRefused(RuntimeError):
+    """The job cannot run: its input file has no requests (``empty_file``), or is not the one the
+    job's store was made for (``input_changed``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{message} ({code})")
+        self.code = code
 
 
 def job_store_dir(output_path: Path) -> Path:
@@ -61,46 +66,6 @@ class JobFiles:
         return job_store_dir(self.output)
 
 
-@dataclass
-class JobTotals:
-    """What one run of a job did. ``skipped``: lines an earlier run had finished; ``not_run``:
-    lines still unfinished when this run stopped (Ctrl-C, the engine gone), left for a re-run.
-    ``wall_seconds``: this machine's time; on an emulated GPU ``emulated`` holds the job's time on
-    the emulated device, which its rates are reported over."""
-
-    completed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    not_run: int = 0
-    usage: LineUsage = field(default_factory=LineUsage)
-    wall_seconds: float = 0.0
-    emulated: EmulatedJob | None = None
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.usage.cached_tokens
-
-    @property
-    def seconds(self) -> float:
-        return self.emulated.time.seconds if self.emulated else self.wall_seconds
-
-    def summary(self) -> dict[str, Any]:
-        emulated = self.emulated
-        return {
-            "completed": self.completed,
-            "failed": self.failed,
-            "skipped_already_done": self.skipped,
-            "not_run_engine_unreachable": self.not_run,
-            **self.usage.report(self.seconds),
-            "emulated": emulated is not None,
-            "device": emulated.device if emulated else None,
-            "idle_seconds": round(emulated.time.idle_seconds, 3) if emulated else None,
-            "device_seconds": round(emulated.time.device_seconds, 3) if emulated else None,
-            "realtime": emulated.realtime if emulated else None,
-            "wall_seconds": round(self.wall_seconds, 2),
-        }
-
-
 @dataclass(frozen=True)
 class EmulatedJob:
     """A job's time on an emulated device (`sgl_blend.emulation.clock_reader.job_time`)."""
@@ -112,72 +77,109 @@ class EmulatedJob:
     realtime: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
-class JobEngine:
-    """The server a job's lines go to, and how the job plans for it: the served model's directory
-    and the cost model of the device its scheduler prices with."""
+@dataclass
+class JobTotals:
+    """What one run of a job did. ``skipped``: lines an earlier run had finished; ``not_run``:
+    lines still unfinished when this run stopped (Ctrl-C, the engine gone), left for a re-run;
+    ``already_finished``: the job had ended before this run, which started no server.
+    ``wall_seconds``: this machine's time; on an emulated GPU ``emulated`` holds the job's time on
+    the emulated device, which its rates are reported over."""
 
-    base_url: str
-    model_path: str
-    cost_model: CostModel
-    api_key: str | None = None
-    alive: Callable[[], bool] = lambda: True
+    completed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    not_run: int = 0
+    usage: LineUsage = field(default_factory=LineUsage)
+    wall_seconds: float = 0.0
+    emulated: EmulatedJob | None = None
+    already_finished: bool = False
 
+    @property
+    def cached_tokens(self) -> int:
+        return self.usage.cached_tokens
+
+    @property
+    def seconds(self) -> float:
+        return self.emulated.time.seconds if self.emulated else self.wall_seconds
+
+    def summary(self) -> dict[str, Any]:
+        emulated = self.emulated
+        job_time = emulated.time if emulated else None
+        return {
+            "completed": self.completed,
+            "failed": self.failed,
+            "skipped_already_done": self.skipped,
+            "not_run_engine_unreachable": self.not_run,
+            "already_finished": self.already_finished,
+            **self.usage.report(self.seconds),
+            "emulated": emulated is not None,
+            "device": emulated.device if emulated else None,
+            "idle_seconds": round(job_time.idle_seconds, 3) if job_time else None,
+            "device_seconds": round(job_time.device_seconds, 3) if job_time else None,
+            "late_seconds": round(job_time.late_seconds, 3) if job_time else None,
+            "seconds_with_lateness": round(job_time.seconds_with_lateness, 3) if job_time else None,
+            "realtime": emulated.realtime if emulated else None,
+            "wall_seconds": round(self.wall_seconds, 2),
+        }
 
 
 @dataclass(frozen=True)
 class JobOptions:
-    """``max_inflight``: a cap on the lines handed to the engine at once (None: twice what it runs
-    at once, `server.dispatch`); ``max_line_bytes``: the longest line
-    that runs (a longer one fails alone)."""
+    """``max_inflight``: a cap on the lines handed to the engine at once (None: the window the
+    runner sizes from the engine, `server.dispatch`); ``max_line_bytes``: the longest line that
+    runs (a longer one fails alone)."""
 
     max_inflight: int | None = None
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     show_progress: bool = True
 
 
-def run_job(files: JobFiles, engine: JobEngine, policy: str, options: JobOptions = JobOptions()) -> JobTotals:
-    """Run (or resume) the job to its end, or until the engine goes away; Ctrl-C stops it with
-    every finished line kept."""
-    return asyncio.run(_run(files, engine, policy, options))
-
-
-async def _run(files: JobFiles, engine: JobEngine, policy: str, options: JobOptions) -> JobTotals:
+def open_job(files: JobFiles) -> BatchRow:
+    """The job's batch: the one its store holds, or a new one for this input (its output folder
+    made). Raises `JobRefused` for an input with no requests or another job's store."""
+    files.output.parent.mkdir(parents=True, exist_ok=True)
+    files.errors.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        count_requests(files.input, LineLimits(RUN_BATCH_URLS, sys.maxsize))
+    except FileRejected as rejected:
+        raise JobRefused(rejected.code, f"{files.input}: {rejected.message}") from None
     store = BatchStore.open("", files.store_dir)
     try:
-        row = await asyncio.to_thread(_job_batch, store, files)
-        blobs = BlobDir(files.store_dir, named={row.input_file_id: files.input, row.output_blob: files.output,
-                                                row.error_blob: files.errors})
-        runner = BatchRunner(store, blobs, workers=[engine.base_url], owner=f"run-batch:{os.getpid()}",
-                             api_key=engine.api_key, max_inflight=options.max_inflight, max_file_lines=sys.maxsize,
-                             max_line_bytes=options.max_line_bytes, assigner=PrefixAssigner(engine.cost_model),
-                             planner=LinePlanner.for_policy(policy, engine.cost_model),
-                             tokenizer=LineTokenizer(engine.model_path))
-        return await _follow(store, row, runner, engine, options.show_progress)
+        return _job_batch(store, files)
     finally:
         store.close()
 
 
-async def _follow(store: BatchStore, start: BatchRow, runner: BatchRunner, engine: JobEngine,
-                  show_progress: bool) -> JobTotals:
-    """Run the runner until the batch ends or the engine goes away, showing progress."""
+def job_config(files: JobFiles, row: BatchRow, options: JobOptions) -> BatchApiConfig:
+    """The Batch API the job's server runs: on the job's store, the job's own files named in it."""
+    return BatchApiConfig(data_dir=files.store_dir, max_file_lines=sys.maxsize, max_line_bytes=options.max_line_bytes,
+                          max_inflight=options.max_inflight,
+                          named={row.input_file_id: files.input, row.output_blob: files.output,
+                                 row.error_blob: files.errors})
+
+
+def finished_totals(files: JobFiles, row: BatchRow) -> JobTotals:
+    """A job that ended before this run: what it did, from its store."""
+    return JobTotals(skipped=row.completed + row.failed, usage=_usage(row), already_finished=True)
+
+
+def follow_job(files: JobFiles, start: BatchRow, alive: Callable[[], bool], show_progress: bool) -> JobTotals:
+    """Follow the job's batch in its store, with a progress bar, until it ends or its server is
+    no longer ``alive``; Ctrl-C (KeyboardInterrupt) passes to the caller, which stops the server."""
     began = time.monotonic()
+    reader = BatchStore.open("", files.store_dir, lock=False)
     bar = tqdm(total=start.total or None, initial=start.completed + start.failed, unit="req",
                disable=not show_progress, dynamic_ncols=True)
-    task = asyncio.create_task(runner.run())
-    row = start
     try:
-        while row.status not in TERMINAL_STATUSES and engine.alive() and not task.done():
-            await asyncio.sleep(POLL_S)
-            row = await asyncio.to_thread(store.get_batch, start.id)
+        row = start
+        while row.status not in TERMINAL_STATUSES and alive():
+            time.sleep(POLL_S)
+            row = reader.get_batch(start.id)
             _show(bar, row, start, time.monotonic() - began)
+        row = reader.get_batch(start.id)
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         bar.close()
-    if task.done() and not task.cancelled() and task.exception() is not None:
-        raise task.exception()
-    row = await asyncio.to_thread(store.get_batch, start.id)
+        reader.close()
     done_before = start.completed + start.failed
     usage = LineUsage(row.input_tokens - start.input_tokens, row.output_tokens - start.output_tokens,
                       row.cached_tokens - start.cached_tokens)
@@ -185,6 +187,10 @@ async def _follow(store: BatchStore, start: BatchRow, runner: BatchRunner, engin
                      skipped=done_before, not_run=max(row.total - row.completed - row.failed, 0)
                      if row.status not in TERMINAL_STATUSES else 0,
                      usage=usage, wall_seconds=time.monotonic() - began)
+
+
+def _usage(row: BatchRow) -> LineUsage:
+    return LineUsage(row.input_tokens, row.output_tokens, row.cached_tokens)
 
 
 def _show(bar: tqdm, row: BatchRow, start: BatchRow, elapsed: float) -> None:
@@ -204,19 +210,20 @@ def _job_batch(store: BatchStore, files: JobFiles) -> BatchRow:
     if rows:
         row = rows[0]
         if (row.metadata or {}).get("input_sha256") != fingerprint:
-            raise JobInputChanged(f"{files.input} is not the input the job in {files.store_dir} was started with; "
-                                  f"remove {files.store_dir} (and the output files) to start over")
+            raise JobRefused("input_changed", f"{files.input} is not the input the job in {files.store_dir} was "
+                                              "started with; remove that folder (and the output files) to start over")
         return row
     for path in (files.output, files.errors):
         if path.exists() and path.stat().st_size:
-            raise JobInputChanged(f"{path} exists but no job store ({files.store_dir}) accounts for it; "
-                                  "remove it or write the output elsewhere")
+            raise JobRefused("output_exists", f"{path} exists but no job store ({files.store_dir}) accounts for "
+                                              "it; remove it or write the output elsewhere")
     now = int(time.time())
     input_id = new_file_id()
     store.add_file(FileRow(input_id, "batch", files.input.name, files.input.stat().st_size, now))
     row = BatchRow(new_batch_id(), RUN_BATCH_ENDPOINT, input_id, "job", "validating", now, now + JOB_WINDOW_S,
                    output_blob=new_file_id(), error_blob=new_file_id(), metadata={"input_sha256": fingerprint})
     store.add_batch(row)
+    BlobDir(files.store_dir)  # the store's folders, before its server opens them
     return row
 
 

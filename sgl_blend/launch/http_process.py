@@ -2,10 +2,11 @@
 
 It is SGLang's own launcher with these differences: it dies with its supervisor
 (`launch.lifeline`); the CPU compatibility finder is installed first, so the process imports even
-where no ``.pth`` start-up line put it in place; and, when
-`sgl-blend serve` passed a Batch API configuration, the Files and Batches routes are mounted on
-SGLang's app before it starts (same host, port and API key as SGLang's own routes). On a CPU with
-several scheduler ranks, each is bound to its own cores.
+where no ``.pth`` start-up line put it in place; the line route other servers' batch runners use
+is mounted on SGLang's app before it starts, and, when `sgl-blend serve` passed a Batch API
+configuration, the Files and Batches routes too (same host, port and API key as SGLang's own
+routes), with the batch runner inside this process. On a CPU with several scheduler ranks, each
+is bound to its own cores.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     load_plugins()
     server_args = prepare_server_args(list(sys.argv[1:] if argv is None else argv))
     _bind_cpu_ranks(server_args)
-    _mount_batch_api(server_args, settings)
+    _mount_routes(server_args, settings)
     try:
         run_server(server_args)
     finally:
@@ -50,29 +51,24 @@ def _bind_cpu_ranks(server_args: object) -> None:
         os.environ[CPU_THREADS_BIND_ENV] = cpu_thread_binding(ranks, os.sched_getaffinity(0))
 
 
-def _mount_batch_api(server_args: object, settings: PluginSettings) -> None:
+def _mount_routes(server_args: object, settings: PluginSettings) -> None:
     from sgl_blend.server.config import BatchApiConfig
 
     config = BatchApiConfig.from_env()
-    if config is None:
-        return
-    if getattr(server_args, "tokenizer_worker_num", 1) != 1:
+    if config is not None and getattr(server_args, "tokenizer_worker_num", 1) != 1:
         sys.exit("error: the Batch API needs --tokenizer-worker-num 1 (or sgl-blend serve --no-batch-api)")
     from sglang.srt.entrypoints.http_server import app
 
     from sgl_blend.batch_lines.plan import LinePlanner
-    from sgl_blend.batch_lines.tokenize import LineTokenizer
-    from sgl_blend.server.app import install_batch_api, loopback_url
+    from sgl_blend.server.app import install, loopback_url
     from sgl_blend.server.assignment import PrefixAssigner
     from sgl_blend.server.db import StoreInUse
 
     cost_model = settings.cost_model(server_args.model_path, server_args.tp_size)
     try:
-        install_batch_api(app, config, self_url=loopback_url(server_args.host, server_args.port),
-                          api_key=server_args.api_key, admin_api_key=server_args.admin_api_key,
-                          assigner=PrefixAssigner(cost_model), planner=LinePlanner.for_policy(settings.offline_policy,
-                                                                                              cost_model),
-                          tokenizer=LineTokenizer(server_args.model_path))
+        install(app, config, self_url=loopback_url(server_args.host, server_args.port), api_key=server_args.api_key,
+                admin_api_key=server_args.admin_api_key, assigner=PrefixAssigner(cost_model),
+                planner=LinePlanner.for_policy(settings.offline_policy, cost_model))
     except (StoreInUse, ValueError, OSError) as error:
         sys.exit(f"error: the Batch API store cannot be opened: {error}")
 

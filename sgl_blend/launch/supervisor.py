@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from sgl_blend.sglang_plugin.settings import PluginSettings
 
 DEFAULT_PORT = 30000
-STOP_GRACE_S = 15.0
+# SGLang's drain after a SIGTERM checks its requests every 5 s, then gives its schedulers time to
+# release their memory.
+STOP_GRACE_S = 20.0
 
 
 class ServerStartError(RuntimeError):
@@ -60,8 +62,14 @@ class ServerProcess:
     lifeline: int | None = None
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
-        """SIGTERM the whole group, then SIGKILL whatever is left after the grace period."""
-        _signal_group(self.process, signal.SIGTERM)
+        """SIGTERM the server, then SIGKILL the group's leftovers after the grace period. Only the
+        HTTP process is signalled: SGLang drains its requests and stops its own scheduler and
+        detokenizer (the batch runner aborts its lines at once, to run again), where a SIGTERM to
+        every process would kill them under SGLang's watchdog, which reports a crash."""
+        try:
+            self.process.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         try:
             self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:

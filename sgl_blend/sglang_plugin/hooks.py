@@ -13,6 +13,9 @@
 - An AROUND hook on ``Scheduler.run_batch`` keeps the per-iteration record and times the forward;
   an AFTER hook on ``process_batch_result`` reports progress and completions.
 - An AFTER hook on ``Scheduler._add_request_to_queue`` notes when requests first arrive.
+- An AFTER hook on ``GenerateReqInput.__getitem__`` (in the HTTP process) gives the samples of an
+  ``n > 1`` request its routing key, which SGLang leaves off them; an AROUND hook on the HTTP
+  server's post-start ``/freeze_gc`` call holds it until the server listens.
 - The internal-state controller's hooks live in `internal_state`.
 
 The hooks only translate SGLang's calls, reading its arguments by name (`sglang_boundary.bind`);
@@ -21,6 +24,7 @@ what they act on is the `PluginRuntime`. Targets and parameters are the boundary
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any, Callable
 
@@ -88,4 +92,35 @@ def register_hooks(runtime: PluginRuntime) -> None:
     sgl.register_hook(sgl.ADD_REQUEST_TO_QUEUE, after_add_to_queue)
     sgl.register_hook(sgl.IS_FULLY_IDLE, around_idle)
     sgl.register_hook(sgl.ABORT_REQUEST, after_abort)
+    sgl.register_hook(sgl.SUBREQUEST_ROUTING_KEY, subrequest_keeps_routing_key)
+    sgl.register_hook(sgl.FREEZE_GC_AFTER_WARMUP, freeze_gc_once_listening)
     register_internal_state_hooks(runtime)
+
+
+def subrequest_keeps_routing_key(sub: Any, batched: Any, *args: Any, **kwargs: Any) -> Any:
+    """A sample of an ``n > 1`` request (or an item of a batched one) carries the request's routing
+    key, so an offline line's samples reach the scheduler as offline work with its placement."""
+    if sub.routing_key is None:
+        sub.routing_key = batched.routing_key
+    return sub
+
+
+# How long the post-start /freeze_gc waits for the server to listen (its start-up after the
+# warmup thread began: uvicorn binding, the lifespans).
+LISTEN_WAIT_S = 120.0
+
+
+def freeze_gc_once_listening(original: Callable, *args: Any, **kwargs: Any) -> Any:
+    """SGLang's warmup thread posts ``/freeze_gc`` to the server's own port; with
+    ``--skip-server-warmup`` it does so before uvicorn listens, and the refused connection is
+    logged with its traceback on every start. Wait for the port, then let it."""
+    server_args = sgl.bind(sgl.FREEZE_GC_AFTER_WARMUP, *args, **kwargs).arguments["server_args"]
+    host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
+    deadline = time.monotonic() + LISTEN_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, server_args.port), timeout=1.0).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return original(*args, **kwargs)

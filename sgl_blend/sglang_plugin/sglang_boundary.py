@@ -36,6 +36,8 @@ POLICY = "sglang.srt.managers.schedule_policy"
 BATCH = "sglang.srt.managers.schedule_batch"
 CACHE = "sglang.srt.mem_cache"
 STATE = "sglang.srt.managers.scheduler_components.internal_state"
+IO = "sglang.srt.managers.io_struct"
+SERVING = "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase"
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ NAMES: dict[str, str] = {
     "get_parallel": "sglang.srt.runtime_context.get_parallel",
     "get_server_args": "sglang.srt.runtime_context.get_server_args",
     "GenerationBatchResult": "sglang.srt.managers.utils.GenerationBatchResult",
+    "monotonic_time": "sglang.srt.observability.req_time_stats.monotonic_time",
+    "DS32EncodingError": "sglang.srt.entrypoints.openai.encoding_dsv32.DS32EncodingError",
     "LogitsProcessorOutput": "sglang.srt.layers.logits_processor.LogitsProcessorOutput",
 }
 
@@ -124,15 +128,36 @@ EMULATED_FORWARD = Hook("sglang.srt.managers.tp_worker.TpModelWorker.forward_bat
                         "the emulated GPU: the model forward, skipped (or run and timed) and priced")
 EMULATION_NO_BATCH = Hook(f"{SCHEDULER}.Scheduler.on_idle", "BEFORE", "",
                           "the emulated GPU idles from a loop that found no batch to the next forward")
+# SGLang's ``GenerateReqInput.__getitem__`` builds the sub-requests of a batched or ``n > 1`` input
+# without its ``routing_key`` (upstream PR #27199): each sample would reach the scheduler as online
+# work, without its placement. Applied in the HTTP process, where requests are split.
+SUBREQUEST_ROUTING_KEY = Hook(f"{IO}.GenerateReqInput.__getitem__", "AFTER", "i",
+                              "an n > 1 line's samples keep its offline routing key and placement")
+# With --skip-server-warmup (a CPU default) SGLang posts /freeze_gc to its own port from its
+# warmup thread before uvicorn listens, and logs the refused connection's traceback on every start.
+FREEZE_GC_AFTER_WARMUP = Hook("sglang.srt.entrypoints.http_server._freeze_gc_after_server_warmup", "AROUND",
+                              "server_args", "the post-start /freeze_gc waits until the server listens")
 HOOKS = (CALC_PRIORITY, PREFILL_ADDER_CLASS, NEW_PREFILL_BATCH, UPDATE_RUNNING_BATCH, RUN_BATCH,
          PROCESS_BATCH_RESULT, ADD_REQUEST_TO_QUEUE, IS_FULLY_IDLE, ABORT_REQUEST, GET_INTERNAL_STATE, UPDATE_HANDLERS,
-         EMULATED_FORWARD, EMULATION_NO_BATCH)
+         EMULATED_FORWARD, EMULATION_NO_BATCH, SUBREQUEST_ROUTING_KEY, FREEZE_GC_AFTER_WARMUP)
+
+# The batch runner's in-process path (`sgl_blend.server.in_process`): SGLang's OpenAI handler of
+# each route, as its lifespan puts them on ``app.state``, and what the runner calls on them.
+SERVING_HANDLERS = {"/v1/chat/completions": "openai_serving_chat", "/v1/completions": "openai_serving_completion",
+                    "/v1/embeddings": "openai_serving_embedding"}
 
 # Callables whose parameters the plugin names: keywords it passes, arguments it reads, overrides.
 ADDER_INIT = Call(f"{POLICY}.PrefillAdder.__init__", "rem_chunk_tokens num_mixed_decode_tokens",
                   "the policy's prefill room is cut from SGLang's chunk minus the mixed decodes")
 CALLS = (
     ADDER_INIT,
+    Call(f"{SERVING}._convert_to_internal_request", "request raw_request",
+         "a batch line converted as its route converts it, without a request"),
+    Call(f"{SERVING}._handle_non_streaming_request", "adapted_request request raw_request",
+         "a batch line run and its response built as its route does"),
+    Call(f"{SERVING}._validate_request", "", "a batch line checked as its route checks it"),
+    Call(f"{SERVING}.create_error_response", "message err_type status_code",
+         "a batch line's error answered as its route answers it"),
     Call(f"{POLICY}.PrefillAdder.add_one_req", "req has_chunked_req truncation_align_size", "overridden: admission"),
     Call(f"{POLICY}.PrefillAdder.add_chunked_req", "req", "overridden: the co-location chunk cap"),
     Call(f"{CACHE}.radix_cache.RadixCache.__init__", "params", "the backend's cache is built from SGLang's params"),
@@ -230,7 +255,19 @@ SURFACES = (
     Surface(f"{CACHE}.registry.TreeCacheBuildContext", "params", "context", "building the backend's cache"),
     Surface("sglang.srt.runtime_context.ParallelContext", "dp_rank", "sgl.get_parallel()",
             "the DP rank in /server_info"),
-    Surface("sglang.srt.server_args.ServerArgs", "model_path tp_size", "server_args", "the pool's cost model"),
+    Surface("sglang.srt.server_args.ServerArgs", "model_path tp_size dp_size host port", "server_args",
+            "the pool's cost model; the batch runner's DP slots; where the server listens"),
+    Surface(SERVING, "tokenizer_manager _validate_request _convert_to_internal_request _handle_non_streaming_request "
+            "create_error_response", "handler", "the batch runner's in-process path"),
+    Surface("sglang.srt.managers.tokenizer_manager.TokenizerManager",
+            "tokenizer server_args get_internal_state gracefully_exit", "tokenizer_manager self.tokenizer_manager",
+            "text prompts tokenised as SGLang does; the engine's size for the runner's window; a SIGTERM's drain"),
+    Surface(f"{IO}.GenerateReqInput", "rid routing_key routed_dp_rank received_time text input_ids",
+            "adapted conversion.adapted sub batched",
+            "a batch line's request: its id, offline key, DP rank and prompt ids; an n > 1 request's samples"),
+    # Reached as ``adapted`` too, where the GenerateReqInput row is the one the code is checked against.
+    Surface(f"{IO}.EmbeddingReqInput", "rid routing_key received_time text input_ids", "",
+            "an embedding line's request"),
 )
 
 

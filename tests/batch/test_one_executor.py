@@ -1,18 +1,20 @@
-"""One executor: `sgl-blend run-batch` and the Batch API run a file through the same runner, so the
-same file gets the same answers either way, and hostile lines fail alone, with the same error, in
-both: a document nested 100,000 deep, a 5,000-digit number, invalid UTF-8, a line over the size limit.
+"""One executor: `sgl-blend run-batch` runs its file through the Batch API's runner, inside the server
+it starts, so the same file gets the same answers either way, and hostile lines fail alone, with the
+same error, in both: a document nested 100,000 deep, a 5,000-digit number, invalid UTF-8, a line
+over the size limit. The command behaves as a user expects: an output folder that does not exist is
+made, an empty input fails as the Batch API fails it, and a finished job says so without a server.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import openai
 
-from sgl_blend.jobs.fresh_server import run_on_server
-from sgl_blend.jobs.run_batch import JobOptions
 from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import MAX_LINE_BYTES
 from tests.batch.helpers import chat_line, jsonl, records, wait_until
@@ -52,6 +54,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def run_batch(source: Path, output: Path) -> subprocess.CompletedProcess:
+    """``sgl-blend run-batch`` as a user runs it (a fresh tiny-llama server of its own)."""
+    return subprocess.run([sys.executable, "-m", "sgl_blend.cli", "run-batch", "-i", str(source), "-o", str(output),
+                           "--model", "tiny-llama", "--no-progress", "--max-line-bytes", str(MAX_LINE_BYTES)],
+                          capture_output=True, text=True, timeout=600)
+
+
 def test_run_batch_and_the_batch_api_answer_a_file_alike(batch_server: ServerProcess, client: openai.OpenAI,
                                                           tmp_path: Path) -> None:
     data, good_ids = batch_file()
@@ -63,12 +72,33 @@ def test_run_batch_and_the_batch_api_answer_a_file_alike(batch_server: ServerPro
 
     path = tmp_path / "in.jsonl"
     path.write_bytes(data)
-    totals, _state = run_on_server(batch_server, path, tmp_path / "out.jsonl", tmp_path / "err.jsonl",
-                                   options=JobOptions(max_line_bytes=MAX_LINE_BYTES, show_progress=False))
-    job_answers, job_errors = answers(read_jsonl(tmp_path / "out.jsonl")), read_jsonl(tmp_path / "err.jsonl")
+    output = tmp_path / "not" / "yet" / "out.jsonl"
+    job = run_batch(path, output)
+    assert job.returncode == 0, job.stderr[-3000:]
+    summary = json.loads(job.stdout)
+    job_answers = answers(read_jsonl(output))
+    job_errors = read_jsonl(output.with_suffix(".errors.jsonl"))
 
     assert sorted(api_answers) == sorted(good_ids) and api_answers == job_answers, (batch, api_errors)
     hostile_lines = {7 + index: EXPECTED_CODES[name] for index, name in enumerate(HOSTILE)}
     assert errors_by_line(api_errors) == errors_by_line(job_errors) == hostile_lines
-    assert (totals.completed, totals.failed) == (len(good_ids), len(HOSTILE))
+    assert (summary["completed"], summary["failed"]) == (len(good_ids), len(HOSTILE))
     assert (batch.request_counts.completed, batch.request_counts.failed) == (len(good_ids), len(HOSTILE))
+
+    again = run_batch(path, output)
+    assert again.returncode == 0 and "already finished" in again.stderr, again.stderr[-2000:]
+    assert "starting the server" not in again.stderr
+    assert json.loads(again.stdout)["skipped_already_done"] == len(good_ids) + len(HOSTILE)
+
+
+def test_an_empty_input_fails_as_the_batch_api_fails_it(client: openai.OpenAI, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    source = client.files.create(file=("empty.jsonl", empty.read_bytes()), purpose="batch")
+    batch = wait_until(client, client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions",
+                                                     completion_window="24h").id)
+    assert batch.status == "failed" and [error.code for error in batch.errors.data] == ["empty_file"]
+
+    job = run_batch(empty, tmp_path / "out" / "out.jsonl")
+    assert job.returncode == 1 and "empty_file" in job.stderr, job.stderr[-2000:]
+    assert "starting the server" not in job.stderr and not (tmp_path / "out" / "out.jsonl").exists()

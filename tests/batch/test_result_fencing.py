@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from sgl_blend.batch_lines.sender import LineOutcome, LineUsage
+from sgl_blend.batch_lines.outcome import LineOutcome, LineUsage
 from sgl_blend.server.blobs import BlobDir, ResultFileDamaged
 from sgl_blend.server.db import open_database
 from sgl_blend.server.ids import new_file_id

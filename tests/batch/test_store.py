@@ -145,8 +145,8 @@ def test_validation_indexes_lines_and_bad_ones_carry_their_error(store: BatchSto
     assert not store.start_batch(batch.id, "runner-a", 5, now=1002)  # a stale second start changes nothing
     assert store.clear_lines(batch.id, "runner-a") is None  # nor does a stale validation
     assert store.get_batch(batch.id).in_progress_at == 1001
-    request = PreparedBatch(tmp_path / "prepared").request(lines[4].byte_offset, lines[4].byte_length)
-    assert request.url == "/v1/chat/completions" and json.loads(request.body) == chat_line("b")["body"]
+    prepared = PreparedBatch(tmp_path / "prepared").line(lines[4].byte_offset, lines[4].byte_length)
+    assert prepared.url == "/v1/chat/completions" and json.loads(prepared.body) == chat_line("b")["body"]
     assert [line.line_number for line in store.pending_lines(batch.id, after_line=3, limit=2)] == [4, 5]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sgl_blend.server import in_process
 from sgl_blend.launch import supervisor
 from sgl_blend.launch.supervisor import ServerStartError
 from sgl_blend.sglang_plugin import sglang_boundary
@@ -24,13 +25,15 @@ from sgl_blend.sglang_plugin.sglang_boundary import (
 from tests.conftest import free_port
 
 PLUGIN = Path(sglang_boundary.__file__).parent
+IN_PROCESS = Path(in_process.__file__)
 BOUNDARY_MODULES = {"sglang_boundary.py", "boundary_check.py"}
 BOGUS = f"{SCHEDULER}.Scheduler.no_such_method"
 
 
 def plugin_sources() -> dict[Path, ast.Module]:
-    return {path: ast.parse(path.read_text(), str(path)) for path in sorted(PLUGIN.rglob("*.py"))
-            if path.name not in BOUNDARY_MODULES}
+    """The plugin's modules, and the batch runner's in-process path, which calls SGLang's handlers."""
+    paths = [*sorted(PLUGIN.rglob("*.py")), IN_PROCESS]
+    return {path: ast.parse(path.read_text(), str(path)) for path in paths if path.name not in BOUNDARY_MODULES}
 
 
 def test_the_installed_sglang_has_everything_the_plugin_uses() -> None:
@@ -147,6 +150,6 @@ def test_every_attribute_the_plugin_touches_on_sglang_objects_is_declared() -> N
                 surface = by_reach.get(".".join(chain[:length]))
                 if surface is not None:
                     if chain[length] not in {*surface.attrs.split(), *surface.owned.split()}:
-                        undeclared.append(f"{path.relative_to(PLUGIN)}:{line}: {'.'.join(chain[:length + 1])}")
+                        undeclared.append(f"{path.name}:{line}: {'.'.join(chain[:length + 1])}")
                     break
     assert not undeclared, "SGLang attributes missing from sglang_boundary.SURFACES:\n" + "\n".join(undeclared)

@@ -15,7 +15,7 @@ from sgl_blend.models.registry import resolve_model_path
 from sgl_blend.server.assignment import PrefixAssigner, Slot, worker_slots
 from sgl_blend.server.prepared import PreparedBatch, PreparedWriter
 from sgl_blend.server.store import LineRow
-from sgl_blend.server.validation import LineLimits, validate_input
+from sgl_blend.server.validation import LineLimits, tokenised, validate_input
 from tests.scale.lines import family_lines, family_of
 
 
@@ -24,7 +24,7 @@ def validated(tmp_path: Path, texts: list[str]) -> tuple[list[LineRow], Prepared
     source.write_text("".join(text + "\n" for text in texts))
     writer = PreparedWriter(tmp_path / "prepared")
     rows = [row for chunk, _prompts in validate_input(source, LineLimits(SUPPORTED_URLS, 100), writer,
-                                                      LineTokenizer(resolve_model_path("tiny-llama")))
+                                                      tokenised(LineTokenizer(resolve_model_path("tiny-llama"))))
             for row in chunk]
     writer.close()
     return rows, PreparedBatch(tmp_path / "prepared")

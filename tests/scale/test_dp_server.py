@@ -1,6 +1,6 @@
 """One real server with two DP ranks (`--dp-size 2`, tiny-llama on this CPU): the plugin runs in
-each rank's scheduler, and batch work lands on the ranks BlendServe's DP partition chose, through
-the Batch API and through `run-batch`. One server for the module."""
+each rank's scheduler, and batch work lands on the ranks BlendServe's DP partition chose (`run-batch`
+runs its job through this same runner, inside the server it starts). One server for the module."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import pytest
 from sgl_blend.client import http
 from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.server.db import SQLITE_FILE
-from sgl_blend.jobs.fresh_server import run_on_server
-from sgl_blend.jobs.run_batch import JobOptions
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from tests.batch.helpers import create_batch, jsonl, records, wait_until
 from tests.conftest import free_port
@@ -69,17 +67,3 @@ def assigned_ranks(server: ServerProcess, batch_id: str) -> dict[str, int]:
     with sqlite3.connect(f"file:{data_dir / SQLITE_FILE}?mode=ro", uri=True) as db:
         rows = db.execute("SELECT custom_id, dp_rank FROM batch_lines WHERE batch_id = ?", (batch_id,)).fetchall()
     return dict(rows)
-
-
-def test_run_batch_spreads_its_lines_over_the_ranks(dp_server: ServerProcess, tmp_path: Path) -> None:
-    lines: list[dict[str, Any]] = family_lines(4, 4, prefix="job")
-    source = tmp_path / "in.jsonl"
-    source.write_bytes(jsonl(lines))
-    before = finished_by_rank(dp_server)
-    totals, state = run_on_server(dp_server, source, tmp_path / "out.jsonl", tmp_path / "err.jsonl",
-                                  options=JobOptions(show_progress=False))
-    assert totals.completed == len(lines) and totals.failed == 0
-    assert [rank["dp_rank"] for rank in state["ranks"]] == [0, 1]
-    after = finished_by_rank(dp_server)
-    # one short-answer and one long-answer family of four lines on each rank
-    assert [after[rank] - before.get(rank, 0) for rank in (0, 1)] == [8, 8]
