@@ -27,21 +27,26 @@ from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.dual_scan import COMPUTE, DualScanner
 from sgl_blend.core.scan_load import Load
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
-from sgl_blend.core.placement import MEMORY, SAMPLE, Placement
+from sgl_blend.core.placement import MEMORY, SAMPLE
 from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, Planner
 from sgl_blend.core.prefix_tree import Node, PrefixTree
 from sgl_blend.core.protocol import OfflineRequest
+from sgl_blend.core.request_state import RequestState, Status
 
 REPLAN_FRACTION = 0.05
 SAMPLE_SIDE = SAMPLE
-# SGLang's own threshold for holding back a request whose prefix another request of the same
-# batch is about to compute (``IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD`` in
+# SGLang's own threshold for deferring a request whose prefix another request of the same batch
+# is about to compute (``IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD`` in
 # ``schedule_policy.py``, applied there by LPM only): shorter shared prefixes are recomputed.
 IN_BATCH_PREFIX_TOKENS = 32
 
 
 class PlannedPolicy(ABC):
-    """The shared machinery; subclasses provide `_order`."""
+    """The shared machinery; subclasses provide `_order`.
+
+    Each request is one `RequestState`, found by its tree index or its rid (`_requests` keeps
+    them in arrival order, which FCFS and its kin order by); the pending samples also wait in a
+    queue of their own, oldest first (a preempted sample goes to its end)."""
 
     name = "planned"
     default_sample_rate = 0.0
@@ -63,19 +68,14 @@ class PlannedPolicy(ABC):
         self.tree = PrefixTree()
         self.estimator = OutputLengthEstimator(self.tree, self.sample_rate, seed)
         self.capacity = float(cost_model.kv_capacity_tokens())
-        self._requests: dict[int, OfflineRequest] = {}
+        self._requests: dict[int, RequestState] = {}
+        self._by_rid: dict[str, RequestState] = {}
         self._next_index = 0
-        self._index: dict[str, int] = {}
-        self._arrival: list[int] = []
-        self._pending: set[int] = set()
-        self._running: set[int] = set()
-        self._unplanned: set[int] = set()
-        self._samples: dict[int, None] = {}
-        self._sample_side: dict[int, float] = {}
+        self._sample_queue: dict[int, RequestState] = {}
+        self._proposal: list[RequestState] = []
+        self._pending_count = 0
+        self._unplanned_count = 0
         self._estimates_stale = False
-        self._proposed: dict[int, str] = {}
-        self._reuse: dict[int, int] = {}
-        self._placement: dict[int, Placement] = {}
         self.scanner: DualScanner | None = None
         self.last_plan: Plan | None = None
         self._iteration = 0
@@ -86,75 +86,84 @@ class PlannedPolicy(ABC):
         if self.scanner is not None:
             self.scanner.capacity = self.capacity
 
+    def _set_status(self, state: RequestState, status: Status) -> None:
+        if state.status is Status.PENDING:
+            self._pending_count -= 1
+        if status is Status.PENDING:
+            self._pending_count += 1
+        state.status = status
+
     def submit(self, requests: Iterable[OfflineRequest]) -> None:
         for request in requests:
-            if request.rid in self._index:
+            if request.rid in self._by_rid:
                 continue
             index = self._next_index
             self._next_index += 1
-            self._requests[index] = request
-            self._index[request.rid] = index
-            self._arrival.append(index)
             placement = request.placement
-            if placement is not None:
-                self._placement[index] = placement
             sampled = self.estimator.register(index, request.max_new_tokens, request.exact_output_len,
                                               placement.output if placement is not None else None)
             sampled = sampled or (placement is not None and placement.side == SAMPLE_SIDE)
+            state = RequestState(index, request, sample=sampled, unplanned=not sampled)
+            self._requests[index] = self._by_rid[request.rid] = state
+            self._pending_count += 1
             output = self.estimator.estimate(index)
             prompt = len(request.prompt_ids)
             self.tree.insert(index, request.prompt_ids, self.cost_model.comp_time(prompt, output),
                              self.cost_model.mem_time(prompt, output))
-            self._pending.add(index)
             if sampled:
-                self._samples[index] = None
+                self._sample_queue[index] = state
             else:
-                self._unplanned.add(index)
+                self._unplanned_count += 1
 
     def footprint(self, index: int) -> float:
         """KV tokens the engine counts against a request, on average over its life: its output,
         the part of its prompt no other request shares, and the decode room SGLang reserves for
-        it. A shared prefix is held once by the radix cache whoever uses it, so charging it to
+        it. A shared prefix is cached once by the radix cache whoever uses it, so charging it to
         every request would admit a fraction of what fits exactly when sharing is high; leaving
         out the reserve would promise more long ``ignore_eos`` requests than the engine admits."""
-        request = self._requests[index]
+        request = self._requests[index].request
         return self.cost_model.kv_commitment(self.tree.unshared_tokens(index), self.estimator.estimate(index),
                                              request.max_new_tokens, request.exact_output_len)
 
     def load(self, index: int) -> Load:
         """A request's load for the scanner. Its prefill is the prompt less the prefix it reuses
         from the request before it in the plan (or, outside a plan, every prefix it shares)."""
+        state = self._requests[index]
         prompt, unshared = self.tree.prompt_len[index], self.tree.unshared_tokens(index)
-        reuse = self._reuse.get(index, prompt - unshared)
+        reuse = prompt - unshared if state.reuse is None else state.reuse
         comp, mem = self.tree.cost(index)
-        request = self._requests[index]
         return Load(comp=comp - self.sharing.prefix_saving(reuse), mem=mem, prefill=prompt - reuse,
                     steps=self.estimator.estimate(index), commit=self.footprint(index), prompt=prompt,
-                    unshared_prompt=unshared, max_new_tokens=request.max_new_tokens,
-                    exact=request.exact_output_len)
+                    unshared_prompt=unshared, max_new_tokens=state.request.max_new_tokens,
+                    exact=state.request.exact_output_len)
 
     def _needs_plan(self) -> bool:
         if self._estimates_stale and not self.estimator.pending_samples():
             return True
-        if not self._unplanned:
+        if not self._unplanned_count:
             return False
         planned_pending = self.scanner.pending() if self.scanner else 0
-        return planned_pending == 0 or len(self._unplanned) >= self.replan_fraction * planned_pending
+        return planned_pending == 0 or self._unplanned_count >= self.replan_fraction * planned_pending
+
+    def _pending(self) -> list[RequestState]:
+        return [state for state in self._requests.values() if state.status is Status.PENDING]
 
     def _plan(self) -> None:
+        pending = self._pending()
         if self._estimates_stale and not self.estimator.pending_samples():
-            for index in self._pending:
-                output = self.estimator.estimate(index)
-                prompt = self.tree.prompt_len[index]
-                self.tree.update_cost(index, self.cost_model.comp_time(prompt, output),
+            for state in pending:
+                output = self.estimator.estimate(state.index)
+                prompt = self.tree.prompt_len[state.index]
+                self.tree.update_cost(state.index, self.cost_model.comp_time(prompt, output),
                                       self.cost_model.mem_time(prompt, output))
             self._estimates_stale = False
-        sampling = set(self._samples)
-        plan = self._order(lambda index: index in self._pending and index not in sampling
-                           and index not in self._placement)
-        plan = self._with_placed(plan, [index for index in self._pending
-                                        if index in self._placement and index not in sampling])
-        self._reuse = plan.reuse
+        planned = [state for state in pending if not state.sample]
+        unplaced = {state.index for state in planned if state.placement is None}
+        plan = self._with_placed(self._order(unplaced.__contains__),
+                                 [state.index for state in planned if state.placement is not None])
+        for state in self._requests.values():
+            state.reuse = plan.reuse.get(state.index)
+            state.unplanned = False
         scanner = DualScanner(plan.order, plan.boundary, self.capacity, self.load, paced=self.paces_prefill,
                               beyond=self._beyond(plan))
         if self.scanner is not None:
@@ -162,19 +171,19 @@ class PlannedPolicy(ABC):
         self.scanner = scanner
         self.last_plan = plan
         self.plans += 1
-        self._unplanned.clear()
+        self._unplanned_count = 0
 
     def _beyond(self, plan: Plan) -> dict[str, int]:
         """Per side, the placed requests of the global plan not yet here: the front request of
-        the side (first to scan) knows how many of its side follow it, and those held here are
-        not beyond."""
+        the side (first to scan) knows how many of its side follow it, and those already here
+        are not beyond."""
         beyond = {}
         for side, front in ((COMPUTE, min), (MEMORY, max)):
-            held = [index for index in plan.order if (placement := self._placement.get(index)) is not None
+            here = [placement for index in plan.order if (placement := self._requests[index].placement) is not None
                     and placement.after is not None and (placement.side == MEMORY) == (side == MEMORY)]
-            if held:
-                first = front(held, key=lambda index: self._placement[index].position)
-                beyond[side] = max(self._placement[first].after + 1 - len(held), 0)
+            if here:
+                first = front(here, key=lambda placement: placement.position)
+                beyond[side] = max(first.after + 1 - len(here), 0)
         return beyond
 
     def _with_placed(self, plan: Plan, placed: list[int]) -> Plan:
@@ -182,9 +191,9 @@ class PlannedPolicy(ABC):
         and their memory side last, so the memory cursor meets its highest position first."""
         if not placed:
             return plan
-        placed.sort(key=lambda index: self._placement[index].position)
-        compute = [index for index in placed if self._placement[index].side != MEMORY]
-        memory = [index for index in placed if self._placement[index].side == MEMORY]
+        placed.sort(key=lambda index: self._requests[index].placement.position)
+        compute = [index for index in placed if self._requests[index].placement.side != MEMORY]
+        memory = [index for index in placed if self._requests[index].placement.side == MEMORY]
         order = compute + plan.order + memory
         return Plan(order, len(compute) + plan.boundary, plan.root_density, plan.splits, plan.sharing_kept,
                     plan.reuse)
@@ -221,13 +230,13 @@ class PlannedPolicy(ABC):
         """``chosen`` less every request whose shared prefix is in flight, and what its side
         proposed after it (a side's order is kept)."""
         tentative: set[int] = set()
-        held: set[str] = set()
+        deferred_sides: set[str] = set()
         kept = []
         for index, side in chosen:
-            if side in held:
+            if side in deferred_sides:
                 continue
             if side != SAMPLE_SIDE and self._prefix_in_flight(index, tentative):
-                held.add(side)
+                deferred_sides.add(side)
                 continue
             tentative.update(id(node) for node in self._shared_path(index) if node.first_admitted < 0)
             kept.append((index, side))
@@ -237,101 +246,106 @@ class PlannedPolicy(ABC):
     def _order(self, include: Callable[[int], bool]) -> Plan:
         """Order the pending requests that ``include`` accepts."""
 
+    def _arrivals(self, include: Callable[[int], bool]) -> list[int]:
+        """The requests ``include`` accepts, oldest first."""
+        return [index for index in self._requests if include(index)]
+
     def propose(self, free_kv_tokens: int, max_requests: int) -> list[OfflineRequest]:
         free = float(free_kv_tokens)
         chosen: list[tuple[int, str]] = []
-        for index in self._samples:
+        for index in self._sample_queue:
             if len(chosen) >= max_requests or self.footprint(index) > free:
                 break
-            if index in self._pending:
-                chosen.append((index, SAMPLE_SIDE))
-                free -= self.footprint(index)
+            chosen.append((index, SAMPLE_SIDE))
+            free -= self.footprint(index)
         if self._needs_plan():
             self._plan()
         if self.scanner is not None and len(chosen) < max_requests:
             chosen += self.scanner.propose(free, max_requests - len(chosen))
         if self.computes_prefixes_once:
             chosen = self._once_per_prefix(chosen)
-        self._proposed = dict(chosen)
-        return [self._requests[index] for index, _side in chosen]
+        for state in self._proposal:
+            state.proposed = None
+        self._proposal = [self._requests[index] for index, _side in chosen]
+        for state, (_index, side) in zip(self._proposal, chosen):
+            state.proposed = side
+        return [state.request for state in self._proposal]
 
     def admitted(self, rids: Iterable[str]) -> None:
         for rid in rids:
-            index = self._index[rid]
+            state = self._by_rid[rid]
+            index = state.index
             if self.computes_prefixes_once:
                 for node in self._shared_path(index):
                     if node.first_admitted < 0:
                         node.first_admitted = self._iteration
-            side = self._proposed.pop(index, COMPUTE)
-            self._pending.discard(index)
-            self._running.add(index)
-            if side == SAMPLE_SIDE:
-                del self._samples[index]
-                self._sample_side[index] = self.footprint(index)
+            state.side = SAMPLE_SIDE if state.sample else state.proposed or COMPUTE
+            state.proposed = None
+            self._set_status(state, Status.RUNNING)
+            if state.sample:
+                self._sample_queue.pop(index, None)
                 self._estimates_stale = True
             elif self.scanner is not None:
-                self.scanner.admit(index, side)
+                self.scanner.admit(index, state.side)
 
     def progress(self, rid: str, decoded_tokens: int) -> None:
-        index = self._index.get(rid)
-        if index is None or self.scanner is None:
+        state = self._by_rid.get(rid)
+        if state is None or self.scanner is None:
             return
+        index = state.index
         self.scanner.progress(index, decoded_tokens)
         if self.scanner.side(index) == COMPUTE and decoded_tokens > self.estimator.estimate(index):
             self.scanner.move_to_memory_side(index, self.tree.prompt_len[index] + decoded_tokens)
 
     def preempted(self, rid: str) -> None:
-        index = self._index[rid]
-        self._running.discard(index)
-        self._pending.add(index)
-        if self._sample_side.pop(index, None) is not None:
-            self._samples[index] = None
+        state = self._by_rid[rid]
+        self._set_status(state, Status.PENDING)
+        if state.side == SAMPLE_SIDE:
+            self._sample_queue[state.index] = state
         elif self.scanner is not None:
-            self.scanner.requeue(index)
+            self.scanner.requeue(state.index)
+        state.side = None
 
     def finished(self, rid: str, output_len: int) -> None:
-        index = self._index.pop(rid, None)
-        if index is None:
+        state = self._by_rid.get(rid)
+        if state is None:
             return
-        self.estimator.observe(index, output_len)
-        self._running.discard(index)
-        self._sample_side.pop(index, None)
+        self.estimator.observe(state.index, output_len)
         if self.scanner is not None:
-            self.scanner.release(index)
-        self._forget(index)
+            self.scanner.release(state.index)
+        self._forget(state)
 
     def withdraw(self, rid: str) -> None:
-        index = self._index.pop(rid, None)
-        if index is None:
+        state = self._by_rid.get(rid)
+        if state is None:
             return
-        self._pending.discard(index)
-        self._running.discard(index)
-        self._unplanned.discard(index)
-        self._samples.pop(index, None)
+        self._sample_queue.pop(state.index, None)
         if self.scanner is not None:
-            self.scanner.withdraw(index)
-        self._forget(index)
+            self.scanner.withdraw(state.index)
+        self._forget(state)
 
-    def _forget(self, index: int) -> None:
-        self._placement.pop(index, None)
-        self.tree.remove(index)
-        self.estimator.forget(index)
-        del self._requests[index]
+    def _forget(self, state: RequestState) -> None:
+        self._set_status(state, Status.DONE)
+        if state.unplanned:
+            self._unplanned_count -= 1
+        self.tree.remove(state.index)
+        self.estimator.forget(state.index)
+        del self._requests[state.index], self._by_rid[state.rid]
 
     def admission_side(self, rid: str) -> str | None:
         return None
 
     def annotation(self, rid: str) -> tuple[float, int] | None:
-        index = self._index.get(rid)
-        if index is None:
+        state = self._by_rid.get(rid)
+        if state is None:
             return None
-        load = self.load(index)
-        node = self.tree.node_of[index]
+        load = self.load(state.index)
+        node = self.tree.node_of[state.index]
         sharers = node.parent.count if node.parent is not None and node.parent.parent is not None else node.count
         return (load.comp / load.mem if load.mem > 0 else float("inf"), max(sharers - 1, 0))
 
     def pending_count(self) -> int:
-        return len(self._pending)
+        return self._pending_count
 
 
 class BlendServePolicy(PlannedPolicy):
@@ -359,12 +373,12 @@ class BlendServePolicy(PlannedPolicy):
         return Planner(self.tree, self.sharing, include, self.split_threshold).plan()
 
     def admission_side(self, rid: str) -> str | None:
-        index = self._index.get(rid)
-        if index is None:
+        state = self._by_rid.get(rid)
+        if state is None:
             return None
-        if index in self._sample_side:
+        if state.side == SAMPLE_SIDE:
             return SAMPLE_SIDE
-        return self.scanner.side(index) if self.scanner else None
+        return self.scanner.side(state.index) if self.scanner else None
 
 
 def _dfs_plan(tree: PrefixTree, include: Callable[[int], bool]) -> Plan:
@@ -384,8 +398,7 @@ class FCFSPolicy(PlannedPolicy):
     name = "fcfs"
 
     def _order(self, include: Callable[[int], bool]) -> Plan:
-        self._arrival = [index for index in self._arrival if index in self._requests]
-        order = [index for index in self._arrival if include(index)]
+        order = self._arrivals(include)
         return Plan(order, len(order), 0.0, 0, 1.0)
 
 

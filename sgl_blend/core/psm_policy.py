@@ -56,9 +56,7 @@ class PSMPolicy(PlannedPolicy):
 
     def _order(self, include: Callable[[int], bool]) -> Plan:
         dfs = [index for index in self.tree.dfs_order() if include(index)]
-        chosen = set(dfs)
-        oldest_first = [index for index in self._arrival if index in chosen]
-        order = utility_order(dfs, oldest_first, self.utility, random.Random(self.seed + self.plans))
+        order = utility_order(dfs, self._arrivals(include), self.utility, random.Random(self.seed + self.plans))
         return Plan(order, len(order), 0.0, 0, 1.0)
 
 

@@ -30,14 +30,14 @@ class SGLangLPMPolicy(PlannedPolicy):
     def admitted(self, rids: Iterable[str]) -> None:
         rids = list(rids)
         for rid in rids:
-            self._cached.update(self.tree.path(self.tree.node_of[self._index[rid]]))
+            self._cached.update(self.tree.path(self.tree.node_of[self._by_rid[rid].index]))
         super().admitted(rids)
 
     def _matching(self) -> bool:
-        return len(self._pending) <= WAITING_QUEUE_PREFIX_MATCH_MAX
+        return self.pending_count() <= WAITING_QUEUE_PREFIX_MATCH_MAX
 
     def _needs_plan(self) -> bool:
-        return super()._needs_plan() or (self._matching() and bool(self._pending))
+        return super()._needs_plan() or (self._matching() and self.pending_count() > 0)
 
     def _match_len(self, index: int) -> int:
         node = self.tree.node_of[index]
@@ -46,8 +46,7 @@ class SGLangLPMPolicy(PlannedPolicy):
         return node.prefix_len() if node is not None else 0
 
     def _order(self, include: Callable[[int], bool]) -> Plan:
-        self._arrival = [index for index in self._arrival if index in self._requests]
-        order = [index for index in self._arrival if include(index)]
+        order = self._arrivals(include)
         if self._matching():
             order.sort(key=self._match_len, reverse=True)
         return Plan(order, len(order), 0.0, 0, 1.0)
