@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.core.policy_log import RecordedPolicy
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
+from sgl_blend.core.request_state import Status
 from sgl_blend.offline import is_offline, placement_of
 
 RECORD_LENGTH = 512
@@ -36,6 +38,16 @@ class SchedulerReq(Protocol):
     def finished(self) -> bool: ...
 
 
+@dataclass(eq=False, slots=True)
+class Tracked:
+    """An offline request the policy knows of, from its submission until it finishes or is
+    withdrawn: PENDING while it waits in SGLang's queue, RUNNING once admitted."""
+
+    status: Status = Status.PENDING
+    proposed: bool = False
+    """In the policy's latest proposal: SGLang may admit it now."""
+
+
 def to_offline_request(req: SchedulerReq) -> OfflineRequest:
     params = req.sampling_params
     return OfflineRequest(
@@ -48,8 +60,8 @@ def to_offline_request(req: SchedulerReq) -> OfflineRequest:
 
 
 class OfflinePool:
-    """``reusers``, when given, counts the unfinished offline prompts per shared prefix for the
-    radix cache's Echo priorities. ``record_calls`` keeps every call on the policy (see
+    """One `Tracked` per offline request the policy knows of, by rid. ``reusers``, when given,
+    counts the unfinished offline prompts per shared prefix for the radix cache's Echo priorities. ``record_calls`` keeps every call on the policy (see
     `RecordedPolicy`), for replaying a run through the simulator's policy driver."""
 
     def __init__(self, policy: AdmissionPolicy, policy_name: str, kv_capacity: int,
@@ -58,9 +70,8 @@ class OfflinePool:
         self.reusers = reusers
         self.policy_name = policy_name
         self.policy.set_kv_capacity(kv_capacity)
-        self._pending: set[str] = set()
-        self._running: set[str] = set()
-        self._proposed: set[str] = set()
+        self._tracked: dict[str, Tracked] = {}
+        self._proposal: list[Tracked] = []
         self._iteration = 0
         self._records: deque[dict[str, Any]] = deque(maxlen=RECORD_LENGTH)
         # per admission: [iteration, rid, side, plan position, prefill tokens, prefill cap]
@@ -74,33 +85,40 @@ class OfflinePool:
         online, offline = [], []
         for req in waiting_queue:
             (offline if is_offline(req.routing_key) else online).append(req)
+        for tracked in self._proposal:
+            tracked.proposed = False
+        self._proposal = []
         if not offline:
-            self._proposed = set()
             return
         self._reconcile(offline)
         start = time.perf_counter()
         proposal = self.policy.propose(free_kv_tokens, MAX_PROPOSAL)
         self.plan_seconds += time.perf_counter() - start
-        self._proposed = {request.rid for request in proposal}
+        self._proposal = [self._tracked[request.rid] for request in proposal]
+        for tracked in self._proposal:
+            tracked.proposed = True
         by_rid = {req.rid: req for req in offline}
         ordered = [by_rid[request.rid] for request in proposal if request.rid in by_rid]
-        rest = [req for req in offline if req.rid not in self._proposed]
+        rest = [req for req in offline if not self._tracked[req.rid].proposed]
         waiting_queue[:] = online + ordered + rest
 
     def _reconcile(self, offline: list) -> None:
+        """Bring the policy up to date with SGLang's waiting queue: a running request back in it
+        was retracted, a new one arrived, and a pending one gone from it was aborted."""
         present = set()
         arrivals = []
         for req in offline:
             present.add(req.rid)
-            if req.rid in self._running:
-                self._running.discard(req.rid)
-                self._pending.add(req.rid)
+            tracked = self._tracked.get(req.rid)
+            if tracked is None:
+                arrivals.append(req)
+            elif tracked.status is Status.RUNNING:
+                tracked.status = Status.PENDING
                 self.policy.preempted(req.rid)
                 self.counts["preempted"] += 1
-            elif req.rid not in self._pending:
-                arrivals.append(req)
-        for rid in self._pending - present:
-            self._pending.discard(rid)
+        gone = [rid for rid, tracked in self._tracked.items() if tracked.status is Status.PENDING and rid not in present]
+        for rid in gone:
+            del self._tracked[rid]
             self.policy.withdraw(rid)
             self._forget_reuser(rid)
             self.counts["withdrawn"] += 1
@@ -109,22 +127,26 @@ class OfflinePool:
             if self.reusers is not None:
                 for req in arrivals:
                     self.reusers.add(req.rid, req.origin_input_ids)
-            self._pending.update(req.rid for req in arrivals)
+            for req in arrivals:
+                self._tracked[req.rid] = Tracked()
             self.counts["submitted"] += len(arrivals)
 
     def may_admit(self, req: SchedulerReq) -> bool:
         """Online requests always; offline requests only when the policy proposed them."""
-        return not is_offline(req.routing_key) or req.rid in self._proposed
+        if not is_offline(req.routing_key):
+            return True
+        tracked = self._tracked.get(req.rid)
+        return tracked is not None and tracked.proposed
 
     def prefill_budget(self) -> int | None:
         """The policy's prefill tokens for this iteration (None: SGLang's chunk stands)."""
         return self.policy.prefill_token_budget()
 
     def on_admitted(self, req: SchedulerReq, tree_cache: Any = None) -> None:
-        if req.rid in self._pending:
+        tracked = self._tracked.get(req.rid)
+        if tracked is not None and tracked.status is Status.PENDING:
             annotation = self.policy.annotation(req.rid)
-            self._pending.discard(req.rid)
-            self._running.add(req.rid)
+            tracked.status = Status.RUNNING
             self.policy.admitted([req.rid])
             self.counts["admitted"] += 1
             placement = placement_of(req.routing_key)
@@ -141,12 +163,13 @@ class OfflinePool:
         self.policy.advance(1)
         sides: Counter[str] = Counter()
         for req in reqs:
-            if req.rid not in self._running:
+            tracked = self._tracked.get(req.rid)
+            if tracked is None or tracked.status is not Status.RUNNING:
                 sides["online" if not is_offline(req.routing_key) else "untracked"] += 1
                 continue
             sides[self.policy.admission_side(req.rid) or "single"] += 1
             if req.finished():
-                self._running.discard(req.rid)
+                del self._tracked[req.rid]
                 self.policy.finished(req.rid, len(req.output_ids))
                 self._forget_reuser(req.rid)
                 self.counts["finished"] += 1
@@ -163,10 +186,11 @@ class OfflinePool:
 
     def snapshot(self) -> dict[str, Any]:
         """What the plugin publishes through `/server_info`."""
+        statuses = Counter(tracked.status for tracked in self._tracked.values())
         return {
             "policy": self.policy_name,
-            "pending": len(self._pending),
-            "running": len(self._running),
+            "pending": statuses[Status.PENDING],
+            "running": statuses[Status.RUNNING],
             "counts": dict(self.counts),
             "plan_seconds": round(self.plan_seconds, 4),
             "iterations": list(self._records),
