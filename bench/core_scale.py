@@ -97,16 +97,16 @@ def drive(policy, outputs: dict[str, tuple[int, int]], capacity: int, iterations
     something, of those that admitted nothing, and counts."""
     rng = random.Random(seed)
     finish_at: list[tuple[int, str]] = []
-    held: dict[str, int] = {}
+    running_kv: dict[str, int] = {}
     used = admitted_total = finished_total = running_sum = 0
     admitting, idle = [], []
     for step in range(iterations):
-        running_sum += len(held)
+        running_sum += len(running_kv)
         start = time.perf_counter()
-        room = prefill_room(CHUNK_TOKENS, len(held), policy.prefill_token_budget())
+        room = prefill_room(CHUNK_TOKENS, len(running_kv), policy.prefill_token_budget())
         taken: list[str] = []
-        if room > 0 and len(held) < MAX_RUNNING:
-            proposal = policy.propose(max(capacity - used, 0), min(PROPOSAL_SIZE, MAX_RUNNING - len(held)))
+        if room > 0 and len(running_kv) < MAX_RUNNING:
+            proposal = policy.propose(max(capacity - used, 0), min(PROPOSAL_SIZE, MAX_RUNNING - len(running_kv)))
             for request in proposal:
                 if room <= 0:
                     break
@@ -117,18 +117,18 @@ def drive(policy, outputs: dict[str, tuple[int, int]], capacity: int, iterations
         (admitting if taken else idle).append(elapsed)
         for rid in taken:
             prompt, output = outputs[rid]
-            held[rid] = prompt + output
-            used += held[rid]
+            running_kv[rid] = prompt + output
+            used += running_kv[rid]
             heapq.heappush(finish_at, (step + max(output, 1) + rng.randrange(2), rid))
         admitted_total += len(taken)
         policy.advance(1)
         while finish_at and finish_at[0][0] <= step:
             _, rid = heapq.heappop(finish_at)
-            used -= held.pop(rid)
+            used -= running_kv.pop(rid)
             policy.finished(rid, outputs[rid][1])
             finished_total += 1
     return admitting, idle, {"iterations": iterations, "admitted": admitted_total, "finished": finished_total,
-                             "mean_running": round(running_sum / max(iterations, 1), 1), "running_at_end": len(held)}
+                             "mean_running": round(running_sum / max(iterations, 1), 1), "running_at_end": len(running_kv)}
 
 
 def latency_stats(admitting: list[float], idle: list[float]) -> dict[str, float]:

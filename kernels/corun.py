@@ -58,7 +58,7 @@ def _ops(tokens: int, batch: int, kv_len: int, hidden: int, ffn: int, device: to
 
 @dataclass
 class GreenPartition:
-    """Two streams on disjoint SM sets. The green contexts are held here because a stream of a
+    """Two streams on disjoint SM sets. The green contexts are kept here because a stream of a
     context that was garbage-collected fails with "context is destroyed"."""
 
     gemm_sms: int

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 
 GIB = 1024**3
-# SGLang's admission holds back decode room for every running request (``schedule_policy.py``):
+# SGLang's admission reserves decode room for every running request (``schedule_policy.py``):
 # ``min(max_new_tokens - decoded, CLIP_MAX_NEW_TOKENS)`` tokens, times the new-token ratio unless
 # the request is ``ignore_eos``. The ratio starts at 0.7 after a retraction and decays to 0.1 over
 # 600 decode steps, where it sits while nothing is retracted.
@@ -189,12 +189,12 @@ class CostModel:
 
     def kv_commitment(self, prompt: int, output: int, max_new_tokens: int, exact: bool) -> float:
         """Average KV tokens SGLang's admission counts against a running request: what it holds
-        (``p + d/2``) plus the decode room it holds back (see `decode_reserve`)."""
+        (``p + d/2``) plus the decode room reserved for it (see `decode_reserve`)."""
         return self.kv_footprint(prompt, output) + decode_reserve(output, max_new_tokens, exact)
 
 
 def reserve_at(decoded, max_new_tokens, exact):
-    """The room SGLang's admission holds back for a running request that has decoded ``decoded``
+    """The room SGLang's admission reserves for a running request that has decoded ``decoded``
     tokens: ``min(max_new_tokens - decoded, CLIP)``, times the steady new-token ratio unless the
     request is ``ignore_eos``. Takes numbers or numpy arrays alike."""
     ratio = np.where(exact, 1.0, MIN_NEW_TOKEN_RATIO)
@@ -205,7 +205,7 @@ def decode_reserve(output: int, max_new_tokens: int, exact: bool) -> float:
     """Mean over a request's ``output`` decode steps of the room SGLang reserves for it,
     ``min(max_new_tokens - k, CLIP) * ratio`` at step k, at the steady ratio.
 
-    It matters for long ``ignore_eos`` outputs: a 16K-token video request holds back close to
+    It matters for long ``ignore_eos`` outputs: a 16K-token video request reserves close to
     4096 tokens for most of its life, so a memory share counted in ``p + d/2`` alone would
     promise the engine 40% more requests than its admission check lets in.
     """

@@ -18,7 +18,7 @@ How the paper's terms read here (one reading, used everywhere):
   (parked, preempted, or a chunked prefill sent back) is not credited again for its own KV.
 - **Punishment** (Eq. 2) counts the KV tokens an adjustment gives up that will be needed again,
   that is, their recomputation. Preempting an unfinished offline request gives up its context,
-  except the tokens another lock still holds (another running request on the same prefix, or a
+  except the tokens another lock still covers (another running request on the same prefix, or a
   parked request's pin), which stay resident. Parking a decode gives up nothing: its KV stays
   resident for its return. Admissions are bounded by the offline memory (HyGen's Alg. 2 with
   Echo's online reserve); what they make the cache evict is ordered by Echo's KV priorities

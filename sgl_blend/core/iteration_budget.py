@@ -18,7 +18,7 @@ DEFAULT_MIN_OFFLINE_CHUNK = 16
 @dataclass(slots=True)
 class RunningRequest:
     """A request that decodes this iteration. ``reserved`` is the KV it may still add; ``shared``
-    the part of its context another lock also holds (another running request on the same prefix,
+    the part of its context another lock also covers (another running request on the same prefix,
     a parked request's pin), which stays resident if this one is preempted (Echo's punishment)."""
 
     rid: str
@@ -78,7 +78,7 @@ class IterationBudget:
         self._charge_chunk(extend)
 
     def try_offline_decode(self, context: int) -> bool:
-        """Keep an offline decode if the batch still fits; its KV is already held. Without a time
+        """Keep an offline decode if the batch still fits; its KV is already resident. Without a time
         budget nothing reads the shapes, so they are not built (a scheduler calls this for every
         running request, every iteration)."""
         if self.model is None:

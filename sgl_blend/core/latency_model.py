@@ -458,10 +458,10 @@ def fit_forms(shapes: Sequence[BatchShape], times: Sequence[float], holdout_frac
         raise ValueError(f"need at least 8 timed batches with shapes, got {len(shapes)} shapes, {len(times)} times")
     order = np.random.default_rng(seed).permutation(len(shapes))
     cut = max(1, int(round(len(shapes) * holdout_fraction)))
-    held, train = order[:cut], order[cut:]
+    holdout, train = order[:cut], order[cut:]
     train_shapes, train_times = [shapes[i] for i in train], [times[i] for i in train]
-    held_shapes, held_times = [shapes[i] for i in held], [times[i] for i in held]
-    report = FitReport({}, {}, {}, len(train), len(held))
+    holdout_shapes, holdout_times = [shapes[i] for i in holdout], [times[i] for i in holdout]
+    report = FitReport({}, {}, {}, len(train), len(holdout))
     for form in forms:
         try:
             model = fit(form, train_shapes, train_times)
@@ -470,8 +470,8 @@ def fit_forms(shapes: Sequence[BatchShape], times: Sequence[float], holdout_frac
             continue
         report.models[form] = model
         report.train_mape[form] = mape(model, train_shapes, train_times)
-        report.holdout_mape[form] = mape(model, held_shapes, held_times)
-        report.holdout_mape_by_kind[form] = mape_by_kind(model, held_shapes, held_times)
+        report.holdout_mape[form] = mape(model, holdout_shapes, holdout_times)
+        report.holdout_mape_by_kind[form] = mape_by_kind(model, holdout_shapes, holdout_times)
     return report
 
 

@@ -6,7 +6,7 @@ flags (``--chunked-prefill-size``, ``--max-running-requests``, ``--max-total-tok
 follows SGLang's code, cited at its constants:
 
 1. ``arg_groups/memory_hook.py`` `handle_gpu_memory_settings`: the device's memory tier picks the
-   chunked-prefill size and the decode CUDA-graph batch size; the memory held back for activations
+   chunked-prefill size and the decode CUDA-graph batch size; the memory reserved for activations
    and CUDA graphs gives ``mem_fraction_static = round((total - reserved) / total, 3)``;
 2. ``mem_cache/kv_cache_configurator.py`` `_profile_available_bytes`: the KV budget is what is free
    after the weights load, less ``pre_model_load_memory * (1 - mem_fraction_static)``;

@@ -1,4 +1,4 @@
-"""The scheduler's per-iteration record: what each forward batch held and how long it took.
+"""The scheduler's per-iteration record: what each forward batch ran and how long it took.
 
 One record per batch SGLang runs, keyed by its ``forward_iter``: the batch's `BatchShape` (what
 the latency models read), how many online and offline requests it prefilled and decoded, the

@@ -48,7 +48,7 @@ def admission_shortfall(adder: Any, req: Any) -> int:
 
 
 def _decode_state(adder: Any, req: Any) -> tuple[float, int] | None:
-    """(tokens still to decode, tokens held) as ``add_one_req_ignore_eos`` counts them."""
+    """(tokens still to decode, tokens in its KV) as ``add_one_req_ignore_eos`` counts them."""
     ratio = 1.0 if req.sampling_params.ignore_eos else adder.new_token_ratio
     left = req.sampling_params.max_new_tokens * ratio - len(req.output_ids)
     return (left, len(req.origin_input_ids) + len(req.output_ids)) if left > 0 else None

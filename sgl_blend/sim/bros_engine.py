@@ -107,7 +107,7 @@ class FifoPolicy(Policy):
         self.alternate = alternate
         self.waiting: dict[bool, deque[BrosRequest]] = {True: deque(), False: deque()}
         self.running: list[BrosRequest] = []
-        self.held: dict[str, int] = {}
+        self.kv_used: dict[str, int] = {}
         self.free = settings.kv_tokens
         self.turn = True
         self._ran: list[BrosRequest] = []
@@ -127,7 +127,7 @@ class FifoPolicy(Policy):
 
     def _retract(self, request: BrosRequest) -> None:
         self.running.remove(request)
-        self.free += self.held.pop(request.rid, 0)
+        self.free += self.kv_used.pop(request.rid, 0)
         request.dropped = request.prefilled
         self.waiting[request.realtime if self.alternate else True].appendleft(request)
 
@@ -145,7 +145,7 @@ class FifoPolicy(Policy):
             self._retract(victim)
         self.free -= len(decodes)
         for request in decodes:
-            self.held[request.rid] += 1
+            self.kv_used[request.rid] += 1
         queue = self.waiting[True if serving is None else serving]
         budget = self.settings.prefill_token_budget
         admitted: list[BrosRequest] = []
@@ -157,7 +157,7 @@ class FifoPolicy(Policy):
             queue.popleft()
             budget -= need
             self.free -= need
-            self.held[request.rid] = need
+            self.kv_used[request.rid] = need
             request.dropped = False
             admitted.append(request)
         self.running.extend(admitted)
@@ -168,7 +168,7 @@ class FifoPolicy(Policy):
             request.step_done(now)
             if request.rid in finished:
                 self.running.remove(request)
-                self.free += self.held.pop(request.rid)
+                self.free += self.kv_used.pop(request.rid)
 
 
 class BrosPolicy(Policy):

@@ -116,8 +116,8 @@ class _Active:
     def reserve(self) -> int:
         return min(self.request.max_new_tokens - self.generated, CLIP_MAX_NEW_TOKENS)
 
-    def held_reserve(self) -> float:
-        """The decode room SGLang's admission holds back for this request."""
+    def admission_reserve(self) -> float:
+        """The decode room SGLang's admission reserves for this request."""
         return self.reserve() * (1.0 if self.request.exact else MIN_NEW_TOKEN_RATIO)
 
 
@@ -258,7 +258,7 @@ class _ColocatedRun:
         holders = Counter(key for a in self.running for key, _length in a.request.prefix) \
             if self.controller.config.mode == "echo" else None
         running = [RunningRequest(a.rid, a.online, a.context, a.reserve(), a.arrival, a.generated,
-                                  self._held_by_others(a, holders) if holders is not None and not a.online else 0)
+                                  self._shared_with_others(a, holders) if holders is not None and not a.online else 0)
                    for a in decoding]
         waiting = [WaitingOnline(a.rid, a.prefill_left, a.reserve(), a.arrival)
                    for a in self.running if a.online and a.prefill_left]
@@ -267,14 +267,14 @@ class _ColocatedRun:
         return IterationView(self.now, running, waiting, self.cfg.kv_capacity, self.cfg.chunk_tokens)
 
     @staticmethod
-    def _held_by_others(active: _Active, holders: Counter[str]) -> int:
-        """Prefix tokens another running request also holds: they stay resident if ``active`` goes."""
-        held = 0
+    def _shared_with_others(active: _Active, holders: Counter[str]) -> int:
+        """Prefix tokens another running request also uses: they stay resident if ``active`` goes."""
+        shared = 0
         for key, length in active.request.prefix:
             if holders[key] < 2:
                 break
-            held += length
-        return held
+            shared += length
+        return shared
 
     def _step(self) -> bool:
         if not self._make_room(len(self.running)):
@@ -365,9 +365,9 @@ class _ColocatedRun:
                 return
         if room <= 0 or len(self.running) >= self.cfg.max_running:
             return
-        held = sum(a.held_reserve() for a in self.running)
+        reserved = sum(a.admission_reserve() for a in self.running)
         while room > 0 and len(self.running) < self.cfg.max_running:
-            free = self._free() + self.cache.evictable - held
+            free = self._free() + self.cache.evictable - reserved
             proposal = self.policy.propose(max(int(free), 0), min(self.cfg.proposal_size,
                                                                   self.cfg.max_running - len(self.running)))
             taken = []
@@ -381,7 +381,7 @@ class _ColocatedRun:
                     break
                 taken.append(offered.rid)
                 free -= extend + active.reserve()
-                held += active.held_reserve()
+                reserved += active.admission_reserve()
                 room = self._offline_chunk(budget, active, room, chunks)
             self.policy.admitted(taken)
             if len(taken) < len(proposal) or not taken:
@@ -394,7 +394,7 @@ class _ColocatedRun:
         for active in [a for a in self.running if not a.online and a.prefill_left]:
             room = self._offline_chunk(budget, active, room, chunks, must_progress=True)
         slots = self.cfg.max_running - len(self.running)
-        free = self._free() + self.cache.evictable - sum(a.held_reserve() for a in self.running)
+        free = self._free() + self.cache.evictable - sum(a.admission_reserve() for a in self.running)
         window = self.cfg.echo_window
         proposal = self.policy.propose(max(int(free), 0), min(window, slots)) if room > 0 and slots > 0 else []
         candidates = [self._candidate(self.offline[offered.rid]) for offered in proposal]

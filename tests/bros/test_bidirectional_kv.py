@@ -60,11 +60,11 @@ def check_sides(kv: BidirectionalKV) -> None:
         assert len(realtime) <= 1 and len(best_effort) <= 1, f"block {block} holds {owners[block]}"
         assert kv.rt_fill[block] + kv.be_fill[block] <= S
         for rid in realtime:
-            held = sorted(s % S for s in kv._layouts[rid].slots if s != ON_HOST and s // S == block)
-            assert held == list(range(kv.rt_fill[block]))
+            occupied = sorted(s % S for s in kv._layouts[rid].slots if s != ON_HOST and s // S == block)
+            assert occupied == list(range(kv.rt_fill[block]))
         for rid in best_effort:
-            held = sorted(s % S for s in kv._layouts[rid].slots if s != ON_HOST and s // S == block)
-            assert held == list(range(S - kv.be_fill[block], S))
+            occupied = sorted(s % S for s in kv._layouts[rid].slots if s != ON_HOST and s // S == block)
+            assert occupied == list(range(S - kv.be_fill[block], S))
 
 
 def test_realtime_fills_from_the_left_and_best_effort_from_the_right_of_a_shared_block() -> None:
@@ -137,7 +137,7 @@ def test_recompute_mode_drops_the_whole_best_effort_request() -> None:
 def test_release_frees_everything_and_bad_use_is_refused() -> None:
     kv, _ = pool(2)
     kv.allocate("a", 5, realtime=True)
-    with pytest.raises(ValueError, match="already held as RT"):
+    with pytest.raises(ValueError, match="already has slots as RT"):
         kv.allocate("a", 1, realtime=False)
     kv.release("a")
     kv.release("a")

@@ -66,7 +66,7 @@ def test_the_rate_searched_priority_baseline_meets_the_slo_it_was_searched_for(s
 
 def test_the_simulated_hygen_budgets_by_online_state_around_the_online_only_iteration(setup: bench.Setup) -> None:
     """The searched knob is a headroom over the predicted online-only iteration: 0.1 ms of it still
-    runs offline work (an absolute 0.1 ms budget runs none), and an unbounded one (1 s) is held to
+    runs offline work (an absolute 0.1 ms budget runs none), and an unbounded one (1 s) is kept to
     the TBT target while online requests decode, so P99 TBT stays within 20% of online-only's (an
     absolute 1 s budget doubled it) while offline work runs at least as fast."""
     tune = bench.online_arrivals(setup, "poisson", 1.0, bench.TUNE_SEED)

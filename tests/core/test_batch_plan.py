@@ -177,5 +177,5 @@ def test_a_window_of_a_plan_knows_how_much_of_each_side_is_still_to_come() -> No
     policy.submit(placed_requests(plan, [by_key[key] for key in window]))
     policy.propose(40_000, 1)
     sides = {side: [key for key in plan.feed if plan.placements[key].side == side] for side in (COMPUTE, MEMORY)}
-    held = {side: [key for key in window if plan.placements[key].side == side] for side in (COMPUTE, MEMORY)}
-    assert policy.scanner.beyond == {side: len(sides[side]) - len(held[side]) for side in (COMPUTE, MEMORY)}
+    here = {side: [key for key in window if plan.placements[key].side == side] for side in (COMPUTE, MEMORY)}
+    assert policy.scanner.beyond == {side: len(sides[side]) - len(here[side]) for side in (COMPUTE, MEMORY)}

@@ -223,4 +223,4 @@ def test_a_window_partitions_by_the_whole_plan_still_to_come() -> None:
     assert window.budgets()[MEMORY] > DualScanner(order, 2, 1000.0, loads.__getitem__).budgets()[MEMORY]
     only_compute_here = DualScanner([0, 1], 2, 1000.0, loads.__getitem__, beyond={MEMORY: 5})
     assert only_compute_here.budgets() == {COMPUTE: 1000.0, MEMORY: 0.0}, \
-        "with nothing of the memory side held yet, nothing stands for its requests to come"
+        "with nothing of the memory side here yet, nothing stands for its requests to come"

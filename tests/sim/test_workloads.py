@@ -21,7 +21,7 @@ def test_generators_are_deterministic_for_a_seed(trace: str) -> None:
     assert generate(trace, 50, seed=4) != generate(trace, 50, seed=5)
 
 
-# OpenVid is held to 0.09, not Table 4's 0.05: see the synthetic module for why its tail is cut.
+# OpenVid is capped at 0.09, not Table 4's 0.05: see the synthetic module for why its tail is cut.
 @pytest.mark.parametrize("trace, density, sharing", [("burstgpt", 17.78, 0.02), ("azure", 33.2, 0.01),
                                                      ("openvid", 0.09, 0.0), ("mmlu", 54.91, 0.86)])
 def test_traces_match_table_4(trace: str, density: float, sharing: float) -> None:

@@ -138,7 +138,7 @@ class BidirectionalKV:
             self._next_owner += 1
             self._layouts[rid] = layout
         elif layout.realtime != realtime:
-            raise ValueError(f"request {rid!r} is already held as {'RT' if layout.realtime else 'BE'}")
+            raise ValueError(f"request {rid!r} already has slots as {'RT' if layout.realtime else 'BE'}")
         return layout
 
     def allocate(self, rid: str, count: int, realtime: bool, protect: Iterable[str] = (),

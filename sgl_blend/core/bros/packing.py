@@ -3,7 +3,7 @@
 Each iteration the running set is rebuilt from scratch:
 
 1. RT requests, most urgent first (`urgency`), join while the batch size allows, KV room exists
-   (free slots, or BE-held slots an RT request may take: `FindPreemptBlock`) and the predicted
+   (free slots, or BE slots an RT request may take: `FindPreemptBlock`) and the predicted
    iteration time stays within the budget -- the smallest residual time among RT requests that
    can still meet their deadline.
 2. BE requests, fewest checkpointed tokens first (least swap time), join while the batch size,

@@ -13,7 +13,7 @@ Without blocks the same decision reads per request:
 - a victim gives its newest tokens (the innermost slots), and no more than are still wanted.
 
 RT requests are never taken from: when BE slots are not enough the RT request waits, as Alg. 1's
-ledger expects (it counts only BE-held slots as takeable, `packing._Ledger`). Restoring follows
+ledger expects (it counts only BE slots as takeable, `packing._Ledger`). Restoring follows
 `BidirectionalKV.restore`: the checkpointed tokens come back into any free slots.
 """
 

@@ -75,18 +75,18 @@ def _context(req: Any) -> int:
     return len(req.origin_input_ids) + len(req.output_ids)
 
 
-def held_by_others(req: Any) -> int:
-    """Tokens of ``req``'s cached path that another lock also holds (another running request on
+def shared_with_others(req: Any) -> int:
+    """Tokens of ``req``'s cached path that another lock also covers (another running request on
     the prefix, a parked request's pin): they stay resident if ``req`` is preempted. Every lock
     covers a whole root path, so they are the path from the deepest node locked more than once."""
     node = getattr(req, "last_node", None)
     while node is not None and node.parent is not None and getattr(node, "lock_ref", 0) <= 1:
         node = node.parent
-    held = 0
+    shared = 0
     while node is not None and node.parent is not None:
-        held += len(node.key)
+        shared += len(node.key)
         node = node.parent
-    return held
+    return shared
 
 
 def iteration_view(scheduler: Any, running_batch: Any, parked_tokens: int = 0, shares: bool = False,
@@ -97,7 +97,7 @@ def iteration_view(scheduler: Any, running_batch: Any, parked_tokens: int = 0, s
     now = time.monotonic()
     running = [RunningRequest(req.rid, not is_offline(req.routing_key), _context(req), remaining_output(req),
                               getattr(req, "blend_arrival", now), len(req.output_ids),
-                              held_by_others(req) if shares and is_offline(req.routing_key) else 0)
+                              shared_with_others(req) if shares and is_offline(req.routing_key) else 0)
                for req in [*running_batch.reqs, *held] if not req.finished()]
     waiting = [WaitingOnline(req.rid, _context(req), remaining_output(req), getattr(req, "blend_arrival", now))
                for req in scheduler.waiting_queue if not is_offline(req.routing_key)]
