@@ -32,7 +32,7 @@ compute side is moved to the memory side's account.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Callable
 
 from sgl_blend.core.cost_model import memory_partition
 from sgl_blend.core.scan_load import Load, LoadTotals, peak_commitment
@@ -71,18 +71,18 @@ class ScanEntry:
     plan runs on under the next (`DualScanner.carry_over`) with no place in that plan's order, and
     a requeued one goes to its side's retry queue, not back into the order."""
 
+    load: Load
+    """Its load: as this plan priced it, for a request in the order; as priced when it was
+    admitted, for one that is not."""
     region: str | None = None
     """The side of this scanner's order it lies on; None if it is not in the order."""
-    planned: Load | None = None
-    """Its load as this plan priced it (None: not in the order; priced when asked)."""
     taken: bool = False
     """It has left the order: admitted or withdrawn."""
-    side: str | None = None
-    """The side it counts against while it runs; None while it does not."""
+    running: bool = False
+    side: str = MEMORY
+    """While it runs, the side it counts against."""
     charged: float = 0.0
-    """KV tokens charged against that side's share."""
-    load: Load | None = None
-    """Its load when admitted: what its side budgets for it while it runs."""
+    """While it runs, the KV tokens charged against that side's share."""
     started: int = 0
     """The scanner's clock when it was admitted."""
     decoded: int = 0
@@ -92,20 +92,20 @@ class ScanEntry:
 
     def start(self, side: str, load: Load, clock: int) -> None:
         """Admitted now, to ``side``: charged what its load commits."""
-        self.side, self.charged, self.load = side, load.commit, load
+        self.running, self.side, self.charged, self.load = True, side, load.commit, load
         self.started, self.decoded, self.left = clock, 0, load.left_after(0)
 
     def run_on(self, earlier: ScanEntry) -> None:
         """Run on as ``earlier`` (the same request under an earlier plan's scanner) was running."""
-        self.side, self.charged, self.load = earlier.side, earlier.charged, earlier.load
+        self.running, self.side, self.charged, self.load = True, earlier.side, earlier.charged, earlier.load
         self.started, self.decoded, self.left = earlier.started, earlier.decoded, earlier.left
 
 
 class DualScanner:
     """Scans one plan. Loads come from a callback so estimates can change between plans.
 
-    Requests are the plan's keys (any hashable); the scanner keeps one `ScanEntry` per request it
-    has seen, and the requests running, each side's retry queue and the order refer to those.
+    The scanner keeps one `ScanEntry` per request of its order and per request it runs; the
+    running requests, each side's retry queue and the order refer to those.
 
     ``beyond`` counts, per side, the requests of a plan made outside the engine that are still to
     come: the scheduler holds only a window of that plan, and a partition of the work in the
@@ -118,7 +118,7 @@ class DualScanner:
     policies use the scanner.
     """
 
-    def __init__(self, order: list[Hashable], boundary: int, capacity: float, load: Callable[[Hashable], Load],
+    def __init__(self, order: list[int], boundary: int, capacity: float, load: Callable[[int], Load],
                  *, paced: bool = False, beyond: dict[str, int] | None = None) -> None:
         self.order = order
         self.boundary = boundary
@@ -133,9 +133,9 @@ class DualScanner:
         self._left = 0
         self._right = len(order) - 1
         self._taken = 0
-        self._entries: dict[Hashable, ScanEntry] = {}
-        self._retry: dict[str, list[Hashable]] = {COMPUTE: [], MEMORY: []}
-        self._running: dict[Hashable, ScanEntry] = {}
+        self._entries: dict[int, ScanEntry] = {}
+        self._retry: dict[str, list[int]] = {COMPUTE: [], MEMORY: []}
+        self._running: dict[int, ScanEntry] = {}
         self.used = {COMPUTE: 0.0, MEMORY: 0.0}
         self.credit = {COMPUTE: 0.0, MEMORY: 0.0}
         self._next_spend = {COMPUTE: 0.0, MEMORY: 0.0}
@@ -145,32 +145,34 @@ class DualScanner:
         self._remaining = {COMPUTE: LoadTotals(), MEMORY: LoadTotals()}
         for index, request in enumerate(order):
             side = COMPUTE if index < boundary else MEMORY
-            entry = self._entries[request] = ScanEntry(region=side, planned=load(request))
-            self._remaining[side].add(entry.planned)
+            entry = self._entries[request] = ScanEntry(load(request), region=side)
+            self._remaining[side].add(entry.load)
         if paced:
             self.credit = dict(self._earning())
 
-    def _entry(self, request: Hashable) -> ScanEntry:
+    def _entry(self, request: int, load: Load) -> ScanEntry:
+        """The request's entry; one not in the order gets an entry while it runs."""
         entry = self._entries.get(request)
         if entry is None:
-            entry = self._entries[request] = ScanEntry()
+            entry = self._entries[request] = ScanEntry(load)
         return entry
 
-    def side(self, request: Hashable) -> str | None:
+    def side(self, request: int) -> str | None:
         """The side a running request counts against, or None if it is not running."""
         run = self._running.get(request)
         return run.side if run is not None else None
 
-    def charged(self, request: Hashable) -> float:
+    def charged(self, request: int) -> float:
         """KV tokens a running request is charged against its side's share."""
         return self._running[request].charged
 
     def carry_over(self, previous: DualScanner) -> None:
-        """Take over what an earlier plan's scanner has running, its clock and its credit."""
+        """Take over what an earlier plan's scanner has running, its clock and its credit. (A
+        running request is in no later order: a plan orders pending requests only.)"""
         self._changed()
         self.clock = self._refreshed = previous.clock
         for request, earlier in previous._running.items():
-            run = self._running[request] = self._entry(request)
+            run = self._running[request] = self._entry(request, earlier.load)
             run.run_on(earlier)
             self.used[run.side] += run.charged
             self._add_left(run, +1)
@@ -263,11 +265,12 @@ class DualScanner:
             earning[side] = rates[side] * amount / totals.count if totals.count else 0.0
         return earning
 
-    def _load_of(self, request: Hashable) -> Load:
+    def _load_of(self, request: int) -> Load:
+        """Its load as this plan priced it, or, for a request not in the order, priced now."""
         entry = self._entries.get(request)
-        return entry.planned if entry is not None and entry.planned is not None else self._load(request)
+        return entry.load if entry is not None and entry.region is not None else self._load(request)
 
-    def _price(self, side: str, request: Hashable) -> float:
+    def _price(self, side: str, request: int) -> float:
         load = self._load_of(request)
         return load.comp if side == COMPUTE else load.mem
 
@@ -306,7 +309,7 @@ class DualScanner:
             run.left = run.load.left_after(self._decoded(run))
             self._add_left(run, +1)
 
-    def progress(self, request: Hashable, decoded: int) -> None:
+    def progress(self, request: int, decoded: int) -> None:
         run = self._running.get(request)
         if run is not None and decoded > run.decoded:
             run.decoded = decoded
@@ -328,7 +331,7 @@ class DualScanner:
     def _has_pending(self, side: str) -> bool:
         return bool(self._retry[side]) or self._peek(side, set()) is not None
 
-    def _peek(self, side: str, skip: set[Hashable]) -> Hashable | None:
+    def _peek(self, side: str, skip: set[int]) -> int | None:
         """Next request of a side from its cursor, skipping taken and tentatively chosen ones."""
         for request in self._retry[side]:
             if request not in skip:
@@ -355,12 +358,12 @@ class DualScanner:
         while self._right >= 0 and self._entries[self.order[self._right]].taken:
             self._right -= 1
 
-    def _spend_after(self, side: str, start: float, request: Hashable, earning: float) -> float:
+    def _spend_after(self, side: str, start: float, request: int, earning: float) -> float:
         """When a side may spend again after spending on ``request`` from ``start``: its price
         takes ``price / (CATCH_UP * earning)`` iterations to pay at the catch-up rate."""
         return max(start, self.clock) + self._price(side, request) / (CATCH_UP * earning) if earning > 0 else float("inf")
 
-    def _fits(self, side: str, request: Hashable, used: float, budgets: dict[str, float]) -> bool:
+    def _fits(self, side: str, request: int, used: float, budgets: dict[str, float]) -> bool:
         """Within the side's share. A paced side is kept to its share on average by its pacing,
         so the hard limits only guard what pacing cannot: the memory side's requests may grow
         into all the memory the compute side's share does not need, never into that share; the
@@ -377,7 +380,7 @@ class DualScanner:
     def _running_on(self, side: str) -> bool:
         return any(run.side == side for run in self._running.values())
 
-    def propose(self, free: float, limit: int) -> list[tuple[Hashable, str]]:
+    def propose(self, free: float, limit: int) -> list[tuple[int, str]]:
         """Requests to admit now and the side each counts against, alternating toward the side
         with the most unused share, until both sides are out of share, credit or ``free``."""
         budgets = self.budgets()
@@ -385,8 +388,8 @@ class DualScanner:
         next_spend = dict(self._next_spend)
         used = dict(self.used)
         credit = dict(self.credit)
-        chosen: list[tuple[Hashable, str]] = []
-        skip: set[Hashable] = set()
+        chosen: list[tuple[int, str]] = []
+        skip: set[int] = set()
         blocked: set[str] = set()
         while len(chosen) < limit and len(blocked) < 2:
             open_sides = [side for side in SIDES if side not in blocked]
@@ -411,16 +414,16 @@ class DualScanner:
             free -= size
         return chosen
 
-    def _commit(self, request: Hashable) -> float:
+    def _commit(self, request: int) -> float:
         return self._load_of(request).commit
 
-    def admit(self, request: Hashable, side: str) -> None:
+    def admit(self, request: int, side: str) -> None:
         self._changed()
         load = self._load_of(request)
         if request in self._retry[side]:
             self._retry[side].remove(request)
             self._remaining[side].add(load, -1)
-        run = self._running[request] = self._entry(request)
+        run = self._running[request] = self._entry(request, load)
         run.start(side, load, self.clock)
         self.used[side] += run.charged
         self._add_left(run, +1)
@@ -429,7 +432,7 @@ class DualScanner:
             self._next_spend[side] = self._spend_after(side, self._next_spend[side], request, self._earning()[side])
         self._take(request)
 
-    def _take(self, request: Hashable) -> None:
+    def _take(self, request: int) -> None:
         """Mark a request of this plan's order as no longer pending (requests admitted under an
         earlier plan and requeued here are not in the order and need no bookkeeping)."""
         entry = self._entries.get(request)
@@ -438,31 +441,33 @@ class DualScanner:
         self._changed()
         entry.taken = True
         self._taken += 1
-        self._remaining[entry.region].add(entry.planned, -1)
+        self._remaining[entry.region].add(entry.load, -1)
         self._advance_cursors()
 
-    def release(self, request: Hashable) -> None:
+    def release(self, request: int) -> None:
         """A running request finished: its memory goes back to its side."""
         run = self._running.pop(request, None)
         if run is not None:
             self._changed()
             self.used[run.side] -= run.charged
             self._add_left(run, -1)
-            run.side = None
+            run.running = False
             if run.region is None:
                 del self._entries[request]
 
-    def requeue(self, request: Hashable) -> None:
+    def requeue(self, request: int) -> None:
         """A running request was preempted: free its share and offer it again first."""
         entry = self._entries.get(request)
-        # back to the side it ran on; one not running goes to the side its plan gave it
-        side = (entry and (entry.side or entry.region)) or MEMORY
+        if entry is not None and entry.running:
+            side = entry.side
+        else:  # not running here: back to the side its plan gave it
+            side = entry.region if entry is not None and entry.region is not None else MEMORY
         self.release(request)
         self._changed()
         self._retry[side].append(request)
         self._remaining[side].add(self._load_of(request))
 
-    def withdraw(self, request: Hashable) -> None:
+    def withdraw(self, request: int) -> None:
         self._changed()
         for side, queue in self._retry.items():
             if request in queue:
@@ -471,7 +476,7 @@ class DualScanner:
         self.release(request)
         self._take(request)
 
-    def move_to_memory_side(self, request: Hashable, new_footprint: float) -> None:
+    def move_to_memory_side(self, request: int, new_footprint: float) -> None:
         """Runtime adaptation: an under-estimated request now takes more KV than planned and
         behaves like memory-side work, so it is accounted there."""
         run = self._running.get(request)

@@ -27,7 +27,7 @@ from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.dual_scan import COMPUTE, DualScanner
 from sgl_blend.core.scan_load import Load
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
-from sgl_blend.core.placement import MEMORY, SAMPLE
+from sgl_blend.core.placement import MEMORY, SAMPLE, Placement
 from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, Planner
 from sgl_blend.core.prefix_tree import Node, PrefixTree
 from sgl_blend.core.protocol import OfflineRequest
@@ -160,7 +160,7 @@ class PlannedPolicy(ABC):
         planned = [state for state in pending if not state.sample]
         unplaced = {state.index for state in planned if state.placement is None}
         plan = self._with_placed(self._order(unplaced.__contains__),
-                                 [state.index for state in planned if state.placement is not None])
+                                 [(state.index, state.placement) for state in planned if state.placement is not None])
         for state in self._requests.values():
             state.reuse = plan.reuse.get(state.index)
             state.unplanned = False
@@ -186,14 +186,15 @@ class PlannedPolicy(ABC):
                 beyond[side] = max(first.after + 1 - len(here), 0)
         return beyond
 
-    def _with_placed(self, plan: Plan, placed: list[int]) -> Plan:
+    @staticmethod
+    def _with_placed(plan: Plan, placed: list[tuple[int, Placement]]) -> Plan:
         """The plan with the placed requests around it: their compute side first, by position,
         and their memory side last, so the memory cursor meets its highest position first."""
         if not placed:
             return plan
-        placed.sort(key=lambda index: self._requests[index].placement.position)
-        compute = [index for index in placed if self._requests[index].placement.side != MEMORY]
-        memory = [index for index in placed if self._requests[index].placement.side == MEMORY]
+        placed.sort(key=lambda item: item[1].position)
+        compute = [index for index, placement in placed if placement.side != MEMORY]
+        memory = [index for index, placement in placed if placement.side == MEMORY]
         order = compute + plan.order + memory
         return Plan(order, len(compute) + plan.boundary, plan.root_density, plan.splits, plan.sharing_kept,
                     plan.reuse)
