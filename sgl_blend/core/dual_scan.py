@@ -79,6 +79,7 @@ class ScanEntry:
     taken: bool = False
     """It has left the order: admitted or withdrawn."""
     running: bool = False
+    """Admitted, and not yet finished, preempted or withdrawn."""
     side: str = MEMORY
     """While it runs, the side it counts against."""
     charged: float = 0.0

@@ -61,8 +61,9 @@ def to_offline_request(req: SchedulerReq) -> OfflineRequest:
 
 class OfflinePool:
     """One `Tracked` per offline request the policy knows of, by rid. ``reusers``, when given,
-    counts the unfinished offline prompts per shared prefix for the radix cache's Echo priorities. ``record_calls`` keeps every call on the policy (see
-    `RecordedPolicy`), for replaying a run through the simulator's policy driver."""
+    counts the unfinished offline prompts per shared prefix for the radix cache's Echo
+    priorities. ``record_calls`` keeps every call on the policy (see `RecordedPolicy`), for
+    replaying a run through the simulator's policy driver."""
 
     def __init__(self, policy: AdmissionPolicy, policy_name: str, kv_capacity: int,
                  reusers: ReuserIndex | None = None, record_calls: bool = False) -> None:
@@ -94,7 +95,7 @@ class OfflinePool:
         start = time.perf_counter()
         proposal = self.policy.propose(free_kv_tokens, MAX_PROPOSAL)
         self.plan_seconds += time.perf_counter() - start
-        self._proposal = [self._tracked[request.rid] for request in proposal]
+        self._proposal = [tracked for request in proposal if (tracked := self._tracked.get(request.rid)) is not None]
         for tracked in self._proposal:
             tracked.proposed = True
         by_rid = {req.rid: req for req in offline}
@@ -116,7 +117,8 @@ class OfflinePool:
                 tracked.status = Status.PENDING
                 self.policy.preempted(req.rid)
                 self.counts["preempted"] += 1
-        gone = [rid for rid, tracked in self._tracked.items() if tracked.status is Status.PENDING and rid not in present]
+        gone = [rid for rid, tracked in self._tracked.items()
+                if tracked.status is Status.PENDING and rid not in present]
         for rid in gone:
             del self._tracked[rid]
             self.policy.withdraw(rid)
