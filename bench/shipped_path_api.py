@@ -23,10 +23,10 @@ from pathlib import Path
 
 import openai
 
-from bench.shipped_path import (DEVICE, GRID, MODEL, POLICIES, REALTIME_FACTOR, RESULTS, TRACES, free_port,
-                                run_grid)
+from bench.shipped_path import DEVICE, GRID, MODEL, POLICIES, REALTIME_FACTOR, RESULTS, TRACES, run_grid
 from sgl_blend.client import http
 from sgl_blend.emulation.clock_reader import job_time, read_clock
+from sgl_blend.launch.colocation import free_port
 
 API_KEY = "sk-bench"
 JOIN_AFTER = 0.25
@@ -98,7 +98,8 @@ def run(policy: str, batch_file: Path, work: Path, lock: Path | None, realtime: 
             "failed": sum(batch.request_counts.failed for batch in current),
             "prompt_tokens": prompt, "completion_tokens": output, "cached_tokens": cached,
             "seconds": round(emulated.seconds, 3), "idle_seconds": round(emulated.idle_seconds, 3),
-            "device_seconds": round(emulated.device_seconds, 3), "wall_seconds": round(wall, 1),
+            "device_seconds": round(emulated.device_seconds, 3), "late_seconds": round(emulated.late_seconds, 3),
+            "seconds_with_lateness": round(emulated.seconds_with_lateness, 3), "wall_seconds": round(wall, 1),
             "tokens_per_s": round((prompt + output) / emulated.seconds, 1), "third_joined_at_wall_s": joined_at}
 
 

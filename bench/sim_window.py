@@ -3,7 +3,7 @@
     python -m bench.sim_window --n 10000
 
 run-batch and the Batch API feed the engine a window of the plan's lines, a multiple of the requests it
-runs at once (`core.dual_scan.WINDOW_MULTIPLE`, chosen by this sweep; `sim.feed.runner_window`). The in-engine dual scan
+runs at once (`server.window.WINDOW_MULTIPLE`; `sim.feed.runner_window` sizes it as the runner does). The in-engine dual scan
 partitions memory and paces admissions from what it holds (and, for the rest of each side, from
 `Placement.after`), so a narrow window can starve one side. This runs each Table 2 trace and a
 grid workload through the simulator's shipped path at several window multiples, and with the
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sgl_blend.core.cost_model import CostModel, HardwareSpec
-from sgl_blend.sim.feed import WINDOW_MULTIPLE, runner_window
+from sgl_blend.server.window import WINDOW_MULTIPLE
+from sgl_blend.sim.feed import runner_window
 from sgl_blend.forward_time.overlap import hardware_overlap
 from sgl_blend.sim.run import simulate
 from sgl_blend.sim.sizing import stock_engine

@@ -1,21 +1,19 @@
 """Sending a runner's lines to its workers: each slot takes the next line of its queue in the feed
-whenever its window has room. The window is sized from what the engine holds -- a small multiple
-of the requests it runs at once (its KV pool over the lines' mean footprint, capped by its running
-limit) -- so the scheduler always has the fronts of both plan sides to choose from, without
-holding the whole batch. Lines run at most once in effect: a result is committed only if its
+whenever its window (`server.window`) has room, so the scheduler always has the fronts of both plan
+sides to choose from, without holding the whole batch. Lines run at most once in effect: a result is committed only if its
 line is still pending, so a line that a dead worker did finish after all is not counted twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import secrets
 from collections import Counter
 from typing import Callable
 
 from sgl_blend.batch_lines.outcome import WorkerUnreachable
-from sgl_blend.core.dual_scan import WINDOW_MULTIPLE
 from sgl_blend.offline import offline_routing_key
 from sgl_blend.server.active import ActiveBatch, ActiveBatches
 from sgl_blend.server.assignment import Slot
@@ -23,12 +21,11 @@ from sgl_blend.server.feed import Feed, LineKey
 from sgl_blend.server.planning import FeedPlanner
 from sgl_blend.server.results import LineResult, ResultWriter
 from sgl_blend.server.store import LineRow
+from sgl_blend.server.window import lines_in_flight
 from sgl_blend.server.workers import Worker, WorkerPool
 
 logger = logging.getLogger(__name__)
 ABORT_ROUNDS, ABORT_ROUND_S = 30, 1.0
-# A window for a server that does not say what it holds.
-FALLBACK_WINDOW = 256
 # The most lines one fill starts: each line's first step (its request read, handed to the
 # engine) runs in the loop step after, so a window of thousands opened at once would hold the
 # event loop -- and every API request and online request on it -- for as long as all of them take.
@@ -36,7 +33,7 @@ FILL_SLICE = 128
 
 
 class Dispatcher:
-    """``max_inflight``: a cap on every slot's window (None: only the engine's size decides)."""
+    """``max_inflight``: every slot's window (None: sized from what the engine runs at once)."""
 
     def __init__(self, pool: WorkerPool, feed: Feed, planner: FeedPlanner, writer: ResultWriter,
                  batches: ActiveBatches, *, max_inflight: int | None, wake: Callable[[], None]) -> None:
@@ -44,12 +41,14 @@ class Dispatcher:
         self.max_inflight = max_inflight
         self.wake = wake
         self._inflight: Counter[Slot] = Counter()
+        # Request ids: the line's own, unique to this runner (a restarted one may find its
+        # predecessor's requests still in a remote engine), without a syscall per line.
+        self._rid_prefix = secrets.token_hex(4)
+        self._tries = itertools.count()
 
     def window(self, worker: Worker) -> int:
         """Lines one of ``worker``'s slots holds at once."""
-        concurrent = worker.limits.concurrent(self.planner.mean_footprint)
-        window = WINDOW_MULTIPLE * concurrent if concurrent else FALLBACK_WINDOW
-        return min(window, self.max_inflight) if self.max_inflight else window
+        return lines_in_flight(worker.limits.concurrent(self.planner.mean_footprint), self.max_inflight)
 
     def fill(self) -> bool:
         """Start lines until every ready slot's window is full or its queue is empty, at most
@@ -102,7 +101,7 @@ class Dispatcher:
     async def _run_line(self, batch: ActiveBatch, worker: Worker, slot: Slot, line: LineRow, placement) -> None:
         key = (batch.id, line.line_number)
         prepared = batch.prepared.line(line.byte_offset, line.byte_length)
-        rid = f"{batch.id}-{line.line_number}-{secrets.token_hex(4)}"
+        rid = f"{batch.id}-{line.line_number}-{self._rid_prefix}{next(self._tries)}"
         batch.requests[line.line_number] = (worker.url, rid)
         try:
             outcome = await self.pool.send(worker, line.custom_id, prepared, offline_routing_key(batch.id, placement),

@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from sgl_blend.batch_lines.plan import LinePlanner, RankSpace
+from sgl_blend.core.batch_plan import BatchPlan
 from sgl_blend.batch_lines.outcome import LineOutcome
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.core.output_length import DEFAULT_FALLBACK, DEFAULT_SAMPLE_RATE
-from sgl_blend.core.placement import SAMPLE, Placement
+from sgl_blend.core.placement import SAMPLE, Placement, prompt_digest
 from sgl_blend.server.feed import Feed, LineKey
+from sgl_blend.server.window import line_footprint
 
 if TYPE_CHECKING:
     from sgl_blend.server.assignment import Slot
@@ -127,7 +129,7 @@ class FeedPlanner:
             item = items.get(key[1])
             if item is not None:
                 self.items[key] = item
-                self._footprint[0] += len(item.prompt_ids) + item.max_new_tokens / 2
+                self._footprint[0] += line_footprint(len(item.prompt_ids), item.max_new_tokens)
                 self._footprint[1] += 1
         return keys
 
@@ -174,11 +176,11 @@ class FeedPlanner:
         keys = [*queued, *self.unplanned]
         items = [_keyed(self.items[key], key) for key in keys if key in self.items]
         observed = dict(self.observed)
-        plan = await asyncio.to_thread(self.planner.plan, items, observed, 0.0)
+        plan, prompts = await asyncio.to_thread(self._plan_lines, items, observed)
         still = set(self.feed.queued()) | self.unplanned.keys()
         # A line without a prompt (its prepared prompt was lost) still runs, after the plan.
         order = [key for key in (*plan.feed, *(key for key in keys if key not in self.items)) if key in still]
-        placements = self.ranks.place(plan)
+        placements = self.ranks.place(plan, prompts)
         slot_of = {key: self.feed.slot_of(key) for key in order if key in self.feed}
         new = [key for key in order if key not in slot_of]
         slot_of.update(self.choose_slots(new, self.items))
@@ -193,6 +195,13 @@ class FeedPlanner:
         first_rank, self._next_rank = self._next_rank, self._next_rank + len(order)
         await asyncio.to_thread(self._store_plan, order, placements, first_rank)
 
+    def _plan_lines(self, items: list[WorkItem], observed: Mapping[LineKey, tuple[WorkItem, int]],
+                    ) -> tuple[BatchPlan, dict[LineKey, str]]:
+        """The plan (in a worker thread), and the digest of each line's prompt ids, which its
+        placement carries to the scheduler to be checked against the ids it runs."""
+        plan = self.planner.plan(items, observed, 0.0)
+        return plan, {item.key: prompt_digest(item.prompt_ids) for item in items}
+
     def _store_plan(self, order: Sequence[LineKey], placements: Mapping[LineKey, Placement], first_rank: int) -> None:
         """Each line's rank (after every earlier plan's: a restarted runner feeds by rank) and placement."""
         by_batch: dict[str, list[tuple[int, int, Placement]]] = {}
@@ -204,16 +213,27 @@ class FeedPlanner:
     # Samples
 
     def _is_sample(self, key: LineKey) -> bool:
-        """A seeded share of the lines whose output length the plan must estimate, when it blends."""
         item = self.items.get(key)
-        if item is None or item.exact_output_len or not self.planner.blend:
-            return False
-        digest = hashlib.blake2b(f"{key[0]}/{key[1]}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") / 2**64 < DEFAULT_SAMPLE_RATE
+        return item is not None and self.planner.blend and is_sample(key[0], key[1], item)
 
     def _sample_placement(self, key: LineKey) -> Placement:
-        item = self.items[key]
-        return Placement(SAMPLE, self.ranks.take_compute(), 1.0, min(item.max_new_tokens, DEFAULT_FALLBACK))
+        return sample_placement(self.ranks.take_compute(), self.items[key])
+
+
+def is_sample(job: str, line_number: int, item: WorkItem) -> bool:
+    """Whether a line of a plan that blends is one of the output-length samples run first: a share
+    (`DEFAULT_SAMPLE_RATE`) of the lines whose length is not fixed, picked by a hash of the job and
+    the line's number. The simulator's feed picks them by the same rule."""
+    if item.exact_output_len:
+        return False
+    digest = hashlib.blake2b(f"{job}/{line_number}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64 < DEFAULT_SAMPLE_RATE
+
+
+def sample_placement(position: int, item: WorkItem) -> Placement:
+    """An output-length sample's placement: ahead of every plan, its output at the fallback bound."""
+    return Placement(SAMPLE, position, 1.0, min(item.max_new_tokens, DEFAULT_FALLBACK),
+                     prompt=prompt_digest(item.prompt_ids))
 
 
 def _keyed(item: WorkItem, key: LineKey) -> WorkItem:

@@ -39,6 +39,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import BinaryIO
 
+import orjson
 from tenacity import Retrying, RetryError, stop_after_delay, wait_exponential
 
 from sgl_blend.batch_lines.outcome import LineOutcome
@@ -60,6 +61,16 @@ class LineResult:
     outcome: LineOutcome
 
 
+def _record_line(record: dict) -> bytes:
+    """A record as one line of a result file; orjson, several times faster than json on the
+    thousands of records a second a fast engine finishes, with json's answer for what it cannot
+    encode (an integer past 64 bits)."""
+    try:
+        return orjson.dumps(record) + b"\n"
+    except TypeError:
+        return (json.dumps(record, ensure_ascii=False) + "\n").encode()
+
+
 class ForeignBytes(RuntimeError):
     """Someone else appended to a result file while this writer did (a runner that lost its lease)."""
 
@@ -78,7 +89,7 @@ class _ResultFiles:
         fsync the disk refused (`roll_back` then cuts whatever part of them reached the file)."""
         chunks = (bytearray(), bytearray())
         for result in results:
-            data = (json.dumps(result.outcome.record, ensure_ascii=False) + "\n").encode()
+            data = _record_line(result.outcome.record)
             chunks[0 if result.outcome.ok else 1].extend(data)
             (commit.completed_lines if result.outcome.ok else commit.failed_lines).append(result.line_number)
             commit.input_tokens += result.outcome.usage.prompt_tokens

@@ -65,8 +65,8 @@ class BatchRunner:
     no engine (a process of its own) reaches every worker through its line route, and tokenises
     lines with ``tokenizer`` when a ``planner`` plans by their prompts or they are spread over
     several slots. ``max_line_bytes`` is the longest line that runs and ``body_caps`` what one
-    line may ask for; ``max_inflight`` caps the lines each slot holds (None: the engine's size
-    decides)."""
+    line may ask for; ``max_inflight`` is the lines each slot holds (None: sized from the engine,
+    `server.window`)."""
 
     def __init__(self, store: BatchStore, blobs: BlobDir, *, workers: Sequence[str], owner: str,
                  engine: InProcessEngine | None = None, api_key: str | None = None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -34,6 +35,7 @@ from sgl_blend.server.assignment import Slot, worker_slots
 from sgl_blend.server.in_process import InProcessEngine
 from sgl_blend.server.prepared import PreparedLine
 from sgl_blend.server.transports import InProcessTransport, LineCall, StreamTransport, Transport
+from sgl_blend.server.window import concurrent_requests
 
 logger = logging.getLogger(__name__)
 MAX_WORKER_BACKOFF_S = 10.0
@@ -71,9 +73,7 @@ class EngineLimits:
 
     def concurrent(self, footprint: float | None) -> int | None:
         """Requests of ``footprint`` KV tokens each (over their life) that run at once."""
-        fits = int(self.kv_tokens / footprint) if self.kv_tokens and footprint else None
-        bounds = [bound for bound in (fits, self.max_running) if bound]
-        return max(1, min(bounds)) if bounds else None
+        return concurrent_requests(self.kv_tokens, self.max_running, footprint)
 
 
 @dataclass
@@ -84,6 +84,7 @@ class Worker:
     inflight: int = 0
     limits: EngineLimits = field(default_factory=EngineLimits)
     backoff: http.Backoff = field(default_factory=lambda: http.Backoff(max_s=MAX_WORKER_BACKOFF_S))
+    last_failure: Exception | None = None
 
     @property
     def live(self) -> bool:
@@ -138,26 +139,34 @@ class WorkerPool:
         Raises `WorkerUnreachable` when the worker cannot be reached, or is what keeps failing
         (the line never ran, or may run again: it goes back to wait or move); an abort the runner
         asked for (`abort`) is returned as it comes."""
-        first_failure: list[float] = []
+        failed_at = 0.0
 
         def note_failure(state: RetryCallState) -> None:
-            first_failure[:] = first_failure or [time.monotonic()]
             logger.info("line %s on %s: %s; trying again in %.1f s", custom_id, worker.url,
                         state.outcome.exception(), state.upcoming_sleep)
 
-        retrying = AsyncRetrying(stop=stop_any(stop_after_attempt(SEND_TRIES),
-                                               lambda _state: not worker.live or rid in self._aborted),
-                                 wait=wait_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MAX_S)
-                                 + wait_random(0, RETRY_FIRST_S),
-                                 retry=retry_if_exception_type((_Transient, AnswerLost)), before_sleep=note_failure,
-                                 reraise=True)
         try:
+            try:  # the first try goes straight: most lines need no other, and tenacity costs a little per line
+                return await self._try(worker, custom_id, line, routing_key, rid, 1, dp_rank)
+            except (_Transient, AnswerLost) as first:
+                failed_at = time.monotonic()
+                if not worker.live or rid in self._aborted:
+                    raise
+                pause = RETRY_FIRST_S + random.uniform(0, RETRY_FIRST_S)
+                logger.info("line %s on %s: %s; trying again in %.1f s", custom_id, worker.url, first, pause)
+            await asyncio.sleep(pause)
+            retrying = AsyncRetrying(stop=stop_any(stop_after_attempt(SEND_TRIES - 1),
+                                                   lambda _state: not worker.live or rid in self._aborted),
+                                     wait=wait_exponential(multiplier=2 * RETRY_FIRST_S, max=RETRY_MAX_S)
+                                     + wait_random(0, RETRY_FIRST_S),
+                                     retry=retry_if_exception_type((_Transient, AnswerLost)),
+                                     before_sleep=note_failure, reraise=True)
             async for attempt in retrying:
                 with attempt:
                     return await self._try(worker, custom_id, line, routing_key, rid,
-                                           attempt.retry_state.attempt_number, dp_rank)
+                                           attempt.retry_state.attempt_number + 1, dp_rank)
         except (_Transient, AnswerLost) as last:
-            return self._gave_up(worker, custom_id, rid, last, first_failure[0] if first_failure else time.monotonic())
+            return self._gave_up(worker, custom_id, rid, last, failed_at)
         finally:
             self._trying.pop(rid, None)
             self._aborted.discard(rid)
@@ -206,7 +215,11 @@ class WorkerPool:
 
     def _failed(self, worker: Worker, error: Exception) -> None:
         """Pause a worker that failed a line (down, not listening yet, or answering only errors);
-        its lines wait. One that fails everything for the grace period is declared dead."""
+        its lines wait. One that fails everything for the grace period is declared dead. The lines
+        of one broken stream fail with one error, which is one failure of the worker."""
+        if error is worker.last_failure:
+            return
+        worker.last_failure = error
         now = time.monotonic()
         pause = worker.backoff.failed(now)
         if worker.live and worker.backoff.failing_for(now) >= self.grace_s:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import socket
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from sgl_blend.launch import supervisor
+from sgl_blend.launch.colocation import free_port
 from sgl_blend.launch.supervisor import ServerProcess
 
 SERVER = "server"
@@ -29,12 +29,6 @@ SERVER = "server"
 # it, or a `python -m sgl_blend.cli run-batch` / `serve` process (which launches its own).
 _STARTS_SERVER = re.compile(r"\b(?:start_server|start_batch_server|run_on_fresh_server|launch)\("
                             r"|[\"']sgl_blend\.cli[\"'],\s*[\"'](?:run-batch|serve)[\"']")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(model: str, log_dir: Path, *sglang_args: str) -> ServerProcess:

@@ -74,8 +74,10 @@ class RankSpace:
             else:
                 self.next_compute = max(self.next_compute, placement.position + 1)
 
-    def place(self, plan: BatchPlan) -> dict[Hashable, Placement]:
-        """``plan``'s placements renumbered after every earlier plan's."""
+    def place(self, plan: BatchPlan, prompts: Mapping[Hashable, str] | None = None) -> dict[Hashable, Placement]:
+        """``plan``'s placements renumbered after every earlier plan's, each with the digest of the
+        prompt ids it was planned on (``prompts``, by key) where given."""
+        prompts = prompts or {}
         memory = [key for key, placement in plan.placements.items() if placement.side == MEMORY]
         top = max((plan.placements[key].position for key in memory), default=0)
         placed = {}
@@ -84,7 +86,7 @@ class RankSpace:
                 position = self.next_memory - (top - placement.position)
             else:
                 position = self.next_compute + placement.position
-            placed[key] = dataclasses.replace(placement, position=position)
+            placed[key] = dataclasses.replace(placement, position=position, prompt=prompts.get(key))
         self.next_compute += len(plan.placements) - len(memory)
         self.next_memory -= len(memory)
         return placed

@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "reports the job's time on that device")
     parser.add_argument("--emulate-realtime", type=float, default=None, metavar="FACTOR", help=REALTIME_HELP)
     parser.add_argument("--max-inflight", type=int, default=None,
-                        help="cap on the lines handed to the scheduler at once (default: a measured multiple of the "
-                             "requests it runs at once, from its KV pool and running limit)")
+                        help="lines handed to the scheduler at once, per DP rank (default: twice the requests it runs "
+                             "at once, from its KV pool and running limit)")
     parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
                         help="longest line that runs (a longer one fails alone, in the error file)")
     parser.add_argument("--server-log", type=Path, default=None, help="where the server's output goes")

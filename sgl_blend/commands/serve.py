@@ -50,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     batch.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
                        help="longest batch line that runs (a longer one fails alone, in the error file)")
     batch.add_argument("--batch-max-inflight", type=int, default=None,
-                       help="cap on batch lines in flight at once per DP rank, across all batches (default: 8 times "
-                            "the requests the scheduler runs at once, from its KV pool and running limit)")
+                       help="batch lines in flight at once per DP rank, across all batches (default: twice the "
+                            "requests the scheduler runs at once, from its KV pool and running limit)")
     batch.add_argument("--batch-workers", type=_urls, default=(), metavar="URL,...",
                        help="other sgl-blend/SGLang servers (base URLs, same model and --api-key) that this server's "
                             "batch runner also sends lines to, spread by BlendServe's DP partition")

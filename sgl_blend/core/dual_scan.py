@@ -37,12 +37,6 @@ from typing import Callable
 from sgl_blend.core.cost_model import memory_partition
 from sgl_blend.core.scan_load import Load, LoadTotals, peak_commitment
 
-# Lines a runner keeps in the engine per request the engine runs at once (run-batch and the Batch
-# API, and the simulator's model of them): the dual scan partitions memory and paces both sides
-# from what it holds, so a narrow window starves a side. 8 from `bench.sim_window` (BlendServe over
-# DFS through the shipped path, Table 2 traces at 10,000 lines, H100: x2 1.04-1.10, x8 1.14-1.24,
-# the whole batch at once 1.14-1.24).
-WINDOW_MULTIPLE = 8
 COMPUTE = "compute"
 MEMORY = "memory"
 SIDES = (COMPUTE, MEMORY)

@@ -58,6 +58,16 @@ class BatchShape:
         return BatchShape(self.prefill_tokens, self.prefill_reqs, self.prefill_attention, self.decode_reqs + 1,
                           self.decode_context + context, max(self.decode_max_context, context), self.prefill_chunks)
 
+    @classmethod
+    def of(cls, extends: Sequence[tuple[int, int]] = (), decode_contexts: Sequence[int] = ()) -> BatchShape:
+        """A forward that extends each request of ``extends`` by ``(extend, prefix)`` tokens and
+        decodes one token for each context length of ``decode_contexts``, built at once: a
+        scheduler builds one every iteration over thousands of requests."""
+        chunks = tuple((extend, prefix) for extend, prefix in extends if extend > 0)
+        return cls(sum(extend for extend, _prefix in chunks), len(chunks),
+                   sum(extend * (prefix + extend) for extend, prefix in chunks), len(decode_contexts),
+                   sum(decode_contexts), max(decode_contexts, default=0), chunks)
+
     def is_empty(self) -> bool:
         return self.prefill_reqs == 0 and self.decode_reqs == 0
 

@@ -27,12 +27,7 @@ KINDS = (PREFILL, DECODE, MIXED)
 def batch_shape(extends: Sequence[tuple[int, int]] = (), decode_contexts: Sequence[int] = ()) -> BatchShape:
     """The shape of a forward that extends each request of ``extends`` by ``(extend, prefix)``
     tokens and decodes one token for each context length of ``decode_contexts``."""
-    shape = BatchShape()
-    for extend, prefix in extends:
-        shape = shape.with_prefill(extend, prefix)
-    for context in decode_contexts:
-        shape = shape.with_decode(context)
-    return shape
+    return BatchShape.of(extends, decode_contexts)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ in (`Boundary`): it imports this package for `EmulationConfig`, so this package 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from typing import Any, Callable, Protocol
@@ -53,7 +52,7 @@ class Boundary(Protocol):
 
     def register_hook(self, hook: Any, function: Callable[..., Any]) -> None: ...
 
-    def bind(self, call: Any, *args: Any, **kwargs: Any) -> inspect.BoundArguments: ...
+    def argument(self, call: Any, name: str) -> Any: ...
 
 
 def read_batch(scheduled: Any) -> tuple[str, BatchShape] | None:
@@ -94,9 +93,10 @@ class Emulator:
         # The clock (and the pacer's lateness) when the first forward with offline work began: a
         # job on a fresh server starts there, not with the server's start-up or a health check.
         self.job_start: dict[str, Any] | None = None
+        self._batch = boundary.argument(boundary.EMULATED_FORWARD, "batch")
 
     def forward(self, original: Callable[..., Any], worker: Any, *args: Any, **kwargs: Any) -> Any:
-        scheduled = self.boundary.bind(self.boundary.EMULATED_FORWARD, worker, *args, **kwargs).arguments["batch"]
+        scheduled = self._batch.read((worker, *args), kwargs)
         priced = read_batch(scheduled)
         if priced is None:
             return original(worker, *args, **kwargs)

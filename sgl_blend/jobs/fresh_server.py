@@ -5,7 +5,6 @@ scheduler state read back from ``/server_info``, and stopped.
 
 from __future__ import annotations
 
-import socket
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -14,6 +13,7 @@ from sgl_blend.client import http
 from sgl_blend.core.policy_registry import RUN_BATCH, lookup
 from sgl_blend.emulation.clock_reader import job_time, read_clock
 from sgl_blend.emulation.launch import emulated_launch
+from sgl_blend.launch.colocation import with_free_port
 from sgl_blend.jobs.run_batch import (EmulatedJob, JobFiles, JobOptions, JobTotals, finished_totals, follow_job,
                                       job_config, open_job)
 from sgl_blend.launch.flags import with_defaults
@@ -28,14 +28,6 @@ def policy_launch(policy: str, hardware: str | None = None) -> PluginSettings:
     """The plugin settings a run-batch policy runs with (the registry says what the name does)."""
     lookup(policy, RUN_BATCH)
     return PluginSettings(offline_policy=policy, hardware=hardware or None)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now: a job's server takes its own, so jobs side by side on one
-    machine do not collide."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def run_on_fresh_server(
@@ -74,7 +66,8 @@ def run_on_fresh_server(
     if row.status in TERMINAL_STATUSES:
         return finished_totals(files, row), {}
     settings = policy_launch(policy, hardware).updated(**(settings_overrides or {}))
-    args = with_defaults(["--enable-cache-report", *sglang_args], (("--port", str(free_port())),))
+    # A port of its own, so jobs side by side on one machine do not collide.
+    args = with_free_port(["--enable-cache-report", *sglang_args])
     if emulate:
         launch = emulated_launch(emulate, model, args, realtime_factor=emulate_realtime)
         model, args, settings = str(launch.model_path), launch.sglang_args, launch.settings_for(settings)

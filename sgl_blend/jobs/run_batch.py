@@ -125,8 +125,8 @@ class JobTotals:
 
 @dataclass(frozen=True)
 class JobOptions:
-    """``max_inflight``: a cap on the lines handed to the engine at once (None: the window the
-    runner sizes from the engine, `server.dispatch`); ``max_line_bytes``: the longest line that
+    """``max_inflight``: the lines handed to the engine at once, per DP rank (None: the window the
+    runner sizes from the engine, `server.window`); ``max_line_bytes``: the longest line that
     runs (a longer one fails alone)."""
 
     max_inflight: int | None = None

@@ -24,6 +24,11 @@ def with_free_port(sglang_args: Sequence[str]) -> list[str]:
     server must never find another server on SGLang's default port and talk to that instead."""
     if "--port" in given_flags(sglang_args):
         return list(sglang_args)
+    return [*sglang_args, "--port", str(free_port())]
+
+
+def free_port() -> int:
+    """A port nothing on this machine listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return [*sglang_args, "--port", str(sock.getsockname()[1])]
+        return sock.getsockname()[1]

@@ -141,6 +141,8 @@ def start_server(
     read_end, write_end = lifeline.open_lifeline() if not outlive else (None, None)
     if read_end is not None:
         env.update(lifeline.child_env(read_end))
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab") if log_path else None
     try:
         process = subprocess.Popen(

@@ -18,8 +18,9 @@
   server's post-start ``/freeze_gc`` call holds it until the server listens.
 - The internal-state controller's hooks live in `internal_state`.
 
-The hooks only translate SGLang's calls, reading its arguments by name (`sglang_boundary.bind`);
-what they act on is the `PluginRuntime`. Targets and parameters are the boundary table's rows.
+The hooks only translate SGLang's calls, reading its arguments by name (`sglang_boundary.argument`,
+each found once, when the hooks are registered); what they act on is the `PluginRuntime`.
+Targets and parameters are the boundary table's rows.
 """
 
 from __future__ import annotations
@@ -35,52 +36,58 @@ from sgl_blend.sglang_plugin.runtime import PluginRuntime
 
 
 def register_hooks(runtime: PluginRuntime) -> None:
-    def calc_priority(original: Callable, policy: Any, *args: Any, **kwargs: Any) -> Any:
-        waiting_queue = sgl.bind(sgl.CALC_PRIORITY, policy, *args, **kwargs).arguments["waiting_queue"]
-        result = original(policy, *args, **kwargs)
-        runtime.order_waiting_queue(waiting_queue, policy.tree_cache)
+    waiting_queue = sgl.argument(sgl.CALC_PRIORITY, "waiting_queue")
+    running_arg = sgl.argument(sgl.NEW_PREFILL_BATCH, "running_batch")
+    decode_batch = sgl.argument(sgl.UPDATE_RUNNING_BATCH, "batch")
+    forward_batch = sgl.argument(sgl.RUN_BATCH, "batch")
+    result_batch = sgl.argument(sgl.PROCESS_BATCH_RESULT, "batch")
+    queued_req, retracted = sgl.argument(sgl.ADD_REQUEST_TO_QUEUE, "req"), sgl.argument(sgl.ADD_REQUEST_TO_QUEUE,
+                                                                                        "is_retracted")
+    abort_req = sgl.argument(sgl.ABORT_REQUEST, "recv_req")
+
+    def calc_priority(original: Callable, *args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        runtime.order_waiting_queue(waiting_queue.read(args, kwargs), args[0].tree_cache)
         return result
 
-    def around_prefill(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-        call = sgl.bind(sgl.NEW_PREFILL_BATCH, scheduler, *args, **kwargs)
-        call.arguments["running_batch"] = runtime.before_prefill(scheduler, call.arguments["running_batch"])
+    def around_prefill(original: Callable, *args: Any, **kwargs: Any) -> Any:
+        batch = runtime.before_prefill(args[0], running_arg.read(args, kwargs))
+        args, kwargs = running_arg.replaced(args, kwargs, batch)
         try:
-            return original(*call.args, **call.kwargs)
+            return original(*args, **kwargs)
         finally:
             runtime.end_iteration()
 
-    def around_decode(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-        batch = sgl.bind(sgl.UPDATE_RUNNING_BATCH, scheduler, *args, **kwargs).arguments["batch"]
-        runtime.before_decode(scheduler, batch)
+    def around_decode(original: Callable, *args: Any, **kwargs: Any) -> Any:
+        runtime.before_decode(args[0], decode_batch.read(args, kwargs))
         try:
-            return original(scheduler, *args, **kwargs)
+            return original(*args, **kwargs)
         finally:
             runtime.end_iteration()
 
-    def around_run_batch(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-        runtime.begin_forward(scheduler, sgl.bind(sgl.RUN_BATCH, scheduler, *args, **kwargs).arguments["batch"])
+    def around_run_batch(original: Callable, *args: Any, **kwargs: Any) -> Any:
+        runtime.begin_forward(args[0], forward_batch.read(args, kwargs))
         started = time.monotonic()
-        result = original(scheduler, *args, **kwargs)
+        result = original(*args, **kwargs)
         runtime.forward_done(time.monotonic() - started)
         return result
 
     def after_batch_result(result: Any, *args: Any, **kwargs: Any) -> Any:
-        batch = sgl.bind(sgl.PROCESS_BATCH_RESULT, *args, **kwargs).arguments["batch"]
+        batch = result_batch.read(args, kwargs)
         if batch is not None:
             runtime.batch_done(batch)
         return result
 
-    def after_add_to_queue(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-        given = sgl.bind(sgl.ADD_REQUEST_TO_QUEUE, scheduler, *args, **kwargs).arguments
-        if not given["is_retracted"]:
-            runtime.note_arrival(scheduler, given["req"])
+    def after_add_to_queue(result: Any, *args: Any, **kwargs: Any) -> Any:
+        if not retracted.read(args, kwargs):
+            runtime.note_arrival(args[0], queued_req.read(args, kwargs))
         return result
 
-    def around_idle(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> bool:
-        return runtime.idle(original(scheduler, *args, **kwargs))
+    def around_idle(original: Callable, *args: Any, **kwargs: Any) -> bool:
+        return runtime.idle(original(*args, **kwargs))
 
-    def after_abort(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-        runtime.aborted(scheduler, sgl.bind(sgl.ABORT_REQUEST, scheduler, *args, **kwargs).arguments["recv_req"])
+    def after_abort(result: Any, *args: Any, **kwargs: Any) -> Any:
+        runtime.aborted(args[0], abort_req.read(args, kwargs))
         return result
 
     sgl.register_hook(sgl.CALC_PRIORITY, calc_priority)
@@ -114,7 +121,7 @@ def freeze_gc_once_listening(original: Callable, *args: Any, **kwargs: Any) -> A
     """SGLang's warmup thread posts ``/freeze_gc`` to the server's own port; with
     ``--skip-server-warmup`` it does so before uvicorn listens, and the refused connection is
     logged with its traceback on every start. Wait for the port, then let it."""
-    server_args = sgl.bind(sgl.FREEZE_GC_AFTER_WARMUP, *args, **kwargs).arguments["server_args"]
+    server_args = sgl.argument(sgl.FREEZE_GC_AFTER_WARMUP, "server_args").read(args, kwargs)
     host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
     deadline = time.monotonic() + LISTEN_WAIT_S
     while time.monotonic() < deadline:

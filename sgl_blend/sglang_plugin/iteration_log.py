@@ -31,24 +31,23 @@ MAX_TRACKED_ARRIVALS = 4096
 def batch_composition(batch: Any) -> tuple[BatchShape, dict[str, int]]:
     """The shape of a SGLang `ScheduleBatch` and its online/offline prefill/decode counts."""
     counts = {"online_prefill": 0, "online_decode": 0, "offline_prefill": 0, "offline_decode": 0}
-    shape = BatchShape()
     reqs = batch.reqs
     if batch.forward_mode.is_decode():
         seq_lens = batch.seq_lens_cpu.tolist() if batch.seq_lens_cpu is not None else \
             [len(req.origin_input_ids) + len(req.output_ids) for req in reqs]
-        for req, context in zip(reqs, seq_lens):
-            shape = shape.with_decode(int(context))
-            counts[_kind(req) + "_decode"] += 1
-        return shape, counts
+        offline = sum(1 for req in reqs if is_offline(req.routing_key))
+        counts["offline_decode"], counts["online_decode"] = offline, len(reqs) - offline
+        return BatchShape.of((), [int(context) for context in seq_lens]), counts
     decoding = {id(req) for req in (batch.decoding_reqs or ())} if batch.forward_mode.is_mixed() else set()
+    extends, contexts = [], []
     for req, extend, prefix in zip(reqs, batch.extend_lens, batch.prefix_lens):
         if id(req) in decoding:
-            shape = shape.with_decode(int(prefix) + 1)
+            contexts.append(int(prefix) + 1)
             counts[_kind(req) + "_decode"] += 1
         else:
-            shape = shape.with_prefill(int(extend), int(prefix))
+            extends.append((int(extend), int(prefix)))
             counts[_kind(req) + "_prefill"] += 1
-    return shape, counts
+    return BatchShape.of(extends, contexts), counts
 
 
 def _synchronize_device() -> None:

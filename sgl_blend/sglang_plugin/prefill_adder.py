@@ -19,14 +19,17 @@ from sgl_blend.sglang_plugin.runtime import PluginRuntime
 
 
 def prefill_adder_class(runtime: PluginRuntime) -> type:
+    chunk = sgl.argument(sgl.ADDER_INIT, "rem_chunk_tokens")
+    mixed_decodes = sgl.argument(sgl.ADDER_INIT, "num_mixed_decode_tokens")
+
     class BlendPrefillAdder(sgl.PrefillAdder):
         """SGLang's adder, admitting offline work only in the order the policy proposed and, when
         co-locating, only within the iteration's plan; its prefill room is the policy's."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            given = sgl.bind(sgl.ADDER_INIT, self, *args, **kwargs).arguments
-            runtime.cap_prefill(self, given["rem_chunk_tokens"], given["num_mixed_decode_tokens"])
+            given = (self, *args)
+            runtime.cap_prefill(self, chunk.read(given, kwargs), mixed_decodes.read(given, kwargs))
 
         def add_chunked_req(self, req: Any) -> Any:
             limit = runtime.mode.chunked_limit(req)

@@ -13,10 +13,15 @@ cannot reach).
   computed when SGLang evicts rather than stamped at admission, so ``rc`` is always the current
   count of unfinished offline requests sharing the node. A node's reuser handle and its path are
   cached on the node; the path never changes (a split only inserts a parent above it).
+
+SGLang's Python tree ranks every evictable leaf each time it evicts, and a full KV pool evicts
+for each allocation: a large batch with many distinct prompts made eviction most of the
+scheduler's time. So the backend frees at least `EVICT_SHARE` of the pool when it evicts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from typing import Any, Callable
 
@@ -26,6 +31,8 @@ from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.runtime import PluginRuntime
 
 BACKEND_NAME = "sgl-blend"
+# The least an eviction frees, as a share of the KV pool (bench.feed_rate; docs/results.md).
+EVICT_SHARE = 0.01
 
 ReuserSource = Callable[[], "ReuserIndex | None"]
 
@@ -97,6 +104,12 @@ def build_cache(params: Any, reusers: ReuserSource | None) -> Any:
     class BlendRadixCache(sgl.RadixCache):
         def annotate_path(self, node: Any, density: float, pending: int) -> int:
             return annotate_path(node, density, pending)
+
+        def evict(self, evict_params: Any) -> Any:
+            least = int(EVICT_SHARE * self.token_to_kv_pool_allocator.size)
+            if 0 < evict_params.num_tokens < least:
+                evict_params = dataclasses.replace(evict_params, num_tokens=least)
+            return super().evict(evict_params)
 
         def on_release(self, req: Any, *, checkpointed: bool) -> None:
             super().on_release(req, checkpointed=checkpointed)

@@ -25,6 +25,7 @@ from sgl_blend.sglang_plugin.iteration_log import IterationRecorder
 from sgl_blend.sglang_plugin.modes import make_mode
 from sgl_blend.sglang_plugin.modes.base import free_kv_tokens
 from sgl_blend.sglang_plugin.offline_pool import OfflinePool
+from sgl_blend.sglang_plugin.prompt_check import PromptCheck
 from sgl_blend.sglang_plugin.settings import PluginSettings
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class PluginRuntime:
         self.recorder: IterationRecorder | None = IterationRecorder(settings.iteration_log)
         self.pool: OfflinePool | None = None
         self._pool_tried = not settings.pool_enabled
+        self.prompt_check = PromptCheck()
 
     def reusers(self) -> ReuserIndex | None:
         """The pool's pending-reuser counts, for the radix backend's Echo eviction."""
@@ -59,6 +61,7 @@ class PluginRuntime:
             "dp_rank": sgl.get_parallel().dp_rank,
             "cpu_kernel_stub": cpu_compat.kernel_stub_active(),
             "offline": self.pool.snapshot() if self.pool is not None else None,
+            "prompt_ids": self.prompt_check.snapshot(),
             "colocation": None,
             "bros": None,
             **self.mode.snapshot(),
@@ -119,6 +122,8 @@ class PluginRuntime:
         """A request entered the waiting queue for the first time (not a retracted one coming back)."""
         if not is_offline(req.routing_key):
             self._record_arrival(scheduler, req)
+        else:
+            self.prompt_check.arrived(req)
         self.mode.note_arrival(scheduler, req)
 
     def before_prefill(self, scheduler: Any, running_batch: Any) -> Any:

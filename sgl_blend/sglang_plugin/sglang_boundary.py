@@ -11,7 +11,7 @@ How the plugin uses the table: it names SGLang's classes and functions through t
 (``from sgl_blend.sglang_plugin import sglang_boundary as sgl``, then ``sgl.PrefillAdder``), never
 through ``sglang`` itself; a name is resolved on first use, so importing the plugin still does not
 import SGLang. It registers hooks with `register_hook` and a `Hook` row, and reads the arguments
-SGLang passes by name with `bind`, never by position. ``reached`` says how the plugin's code names an object
+SGLang passes by name (`argument`, found once per call site), never by a position it assumed. ``reached`` says how the plugin's code names an object
 (``req.kv`` is a `ReqKvInfo`); ``owned`` lists attributes the plugin itself sets on SGLang's
 objects, which SGLang must not define. The launcher (`sgl_blend.launch.http_process`) imports
 SGLang's server entry points directly: a rename there fails loudly at start-up already.
@@ -162,6 +162,7 @@ CALLS = (
     Call(f"{POLICY}.PrefillAdder.add_chunked_req", "req", "overridden: the co-location chunk cap"),
     Call(f"{CACHE}.radix_cache.RadixCache.__init__", "params", "the backend's cache is built from SGLang's params"),
     Call(f"{CACHE}.radix_cache.RadixCache.on_release", "req checkpointed", "overridden: Echo marks online KV"),
+    Call(f"{CACHE}.radix_cache.RadixCache.evict", "params", "overridden: an eviction frees a share of the pool"),
     Call(f"{CACHE}.evict_policy.EvictionStrategy.get_priority", "node", "overridden: Echo's eviction order"),
     Call(f"{CACHE}.common.release_kv_cache", "req tree_cache checkpoint", "parking, aborting held decodes"),
     Call(f"{CACHE}.common.match_kv_cache", "req tree_cache", "Echo's candidates' resident prefix"),
@@ -253,6 +254,7 @@ SURFACES = (
     Surface("sglang.srt.managers.io_struct.GetInternalStateReqOutput", "internal_state",
             "result", "the plugin's state (and the emulated GPU's clock) in /server_info"),
     Surface(f"{CACHE}.registry.TreeCacheBuildContext", "params", "context", "building the backend's cache"),
+    Surface(f"{CACHE}.base_prefix_cache.EvictParams", "num_tokens", "evict_params", "the tokens an eviction frees"),
     Surface("sglang.srt.runtime_context.ParallelContext", "dp_rank", "sgl.get_parallel()",
             "the DP rank in /server_info"),
     Surface("sglang.srt.server_args.ServerArgs", "model_path tp_size dp_size host port", "server_args",
@@ -284,15 +286,33 @@ def register_hook(hook: Hook, function: Callable[..., Any]) -> None:
     __getattr__("HookRegistry").register(hook.target, function, __getattr__("HookType")[hook.kind])
 
 
+@dataclass(frozen=True)
+class Argument:
+    """Where one parameter of a hooked or overridden SGLang callable arrives in a call: by position
+    (``self`` counted, as a hook receives it) or by name, else its default. Found once from the
+    callable's signature (`argument`), then read on every call without inspecting it again."""
+
+    name: str
+    position: int
+    default: Any
+
+    def read(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if len(args) > self.position:
+            return args[self.position]
+        return kwargs.get(self.name, self.default)
+
+    def replaced(self, args: tuple, kwargs: dict[str, Any], value: Any) -> tuple[tuple, dict[str, Any]]:
+        """The call's arguments with this one set to ``value``."""
+        if len(args) > self.position:
+            return (*args[:self.position], value, *args[self.position + 1:]), kwargs
+        return args, {**kwargs, self.name: value}
+
+
 @functools.cache
-def _signature(target: str) -> inspect.Signature:
-    return inspect.signature(pkgutil.resolve_name(target))
-
-
-def bind(call: Hook | Call, *args: Any, **kwargs: Any) -> inspect.BoundArguments:
-    """A call to ``call.target`` bound to its parameter names, defaults filled in: the plugin
-    reads (and replaces) SGLang's arguments by name, so a parameter SGLang inserts or moves
-    does not shift what the plugin reads."""
-    bound = _signature(call.target).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bound
+def argument(call: Hook | Call, name: str) -> Argument:
+    """How ``call.target``'s parameter ``name`` is read: the plugin reads (and replaces) SGLang's
+    arguments by name, so a parameter SGLang inserts or moves does not shift what it reads."""
+    parameters = list(inspect.signature(pkgutil.resolve_name(call.target)).parameters.values())
+    position = next(index for index, parameter in enumerate(parameters) if parameter.name == name)
+    default = parameters[position].default
+    return Argument(name, position, None if default is inspect.Parameter.empty else default)

@@ -10,35 +10,36 @@ Batch API feeds them (`server.planning`, `server.dispatch`).
 - Any other order: file order, no placement (the engine's own policy orders what it holds).
 - A window: at most ``window`` lines sent and not finished (`runner_window`).
 
+The window and the samples are the runner's own rules (`server.window`, `server.planning`); the
+simulated job is named by its seed where the runner names a batch by its id.
+
 Planning takes no device time here: the runner plans in a thread while the engine runs, and on
 the emulated engine its wall time shows up only as idle time before the first line arrives.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import deque
 from typing import Hashable, Iterable, Sequence
 
 from sgl_blend.batch_lines.plan import LinePlanner, RankSpace
 from sgl_blend.core.batch_plan import plan_batch
 from sgl_blend.core.dp_shares import WorkItem
-from sgl_blend.core.dual_scan import WINDOW_MULTIPLE
-from sgl_blend.core.output_length import DEFAULT_FALLBACK, DEFAULT_SAMPLE_RATE
-from sgl_blend.core.placement import SAMPLE, Placement
+from sgl_blend.core.placement import Placement
 from sgl_blend.core.protocol import OfflineRequest
+from sgl_blend.server.planning import is_sample, sample_placement
+from sgl_blend.server.window import concurrent_requests, line_footprint, lines_in_flight
 from sgl_blend.sim.engine import EngineConfig
 from sgl_blend.sim.workload import SimRequest
 
 
 def runner_window(requests: Sequence[SimRequest], config: EngineConfig, kv_capacity: int) -> int:
-    """Lines in flight: `WINDOW_MULTIPLE` times the requests that run at once -- the KV pool over
-    the lines' mean footprint (prompt plus half the output bound), capped by the running limit."""
+    """Lines in flight, as the runner sizes its window for an engine of ``kv_capacity`` tokens and
+    ``config.max_running`` requests."""
     if not requests:
         return 1
-    footprint = sum(r.prompt_len + r.max_new_tokens / 2.0 for r in requests) / len(requests)
-    concurrent = max(1, min(int(kv_capacity / footprint) if footprint else config.max_running, config.max_running))
-    return WINDOW_MULTIPLE * concurrent
+    footprint = sum(line_footprint(r.prompt_len, r.max_new_tokens) for r in requests) / len(requests)
+    return lines_in_flight(concurrent_requests(kv_capacity, config.max_running, footprint))
 
 
 class RunnerFeed:
@@ -63,20 +64,12 @@ class RunnerFeed:
         if planner is None:
             self.queue = deque(range(len(requests)))
             return
-        self.samples = {index for index in self.items if self._is_sample(index, seed)}
+        self.samples = {index for index, item in self.items.items()
+                        if planner.blend and is_sample(str(seed), index + 1, item)}
         for index in sorted(self.samples):
-            request = requests[index]
-            self.placements[index] = Placement(SAMPLE, self.ranks.take_compute(), 1.0,
-                                               min(request.max_new_tokens, DEFAULT_FALLBACK))
+            self.placements[index] = sample_placement(self.ranks.take_compute(), self.items[index])
         self.queue = deque(sorted(self.samples))
         self._plan([index for index in range(len(requests)) if index not in self.samples])
-
-    def _is_sample(self, index: int, seed: int) -> bool:
-        """A seeded share of the lines whose output length the plan must estimate, when it blends."""
-        if self.requests[index].exact or not self.planner.blend:
-            return False
-        digest = hashlib.blake2b(f"{seed}/{self.requests[index].rid}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") / 2**64 < DEFAULT_SAMPLE_RATE
 
     def _plan(self, unsent: list[int]) -> None:
         """Plan the unsent lines and queue them in the plan's order behind the lines still queued

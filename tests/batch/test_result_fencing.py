@@ -36,14 +36,14 @@ def test_a_writer_appends_only_where_its_commits_end(tmp_path: Path) -> None:
     with pytest.raises(ForeignBytes):
         append(stale, 2)  # its committed length (0) is not where the file ends
     stale.roll_back()
-    assert blobs.path(out).read_bytes() == b'{"custom_id": "line-1"}\n'
+    assert blobs.path(out).read_bytes() == b'{"custom_id":"line-1"}\n'
 
     stale.committed = current.committed  # both believe they own the end: the stale one writes first
     append(stale, 3)
     with pytest.raises(ForeignBytes):
         append(current, 4)
     current.roll_back()  # the file ends with the other's append: left for the lease holder to cut
-    assert blobs.path(out).read_bytes().endswith(b'{"custom_id": "line-3"}\n')
+    assert blobs.path(out).read_bytes().endswith(b'{"custom_id":"line-3"}\n')
 
 
 def test_a_failed_commit_rolls_back_only_its_own_append(tmp_path: Path) -> None:

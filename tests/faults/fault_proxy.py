@@ -1,8 +1,9 @@
-"""A real HTTP proxy in front of a real server that injects transient faults into generation
-requests: a 503 instead of the answer, a connection dropped after the engine got the request, and
-an abort the client did not ask for (the answer as SGLang gives it for an aborted request:
-``finish_reason`` abort). Everything else -- ``/server_info``, ``/abort_request`` -- passes
-through untouched. It runs its own event loop in a thread of the test process."""
+"""A real HTTP proxy in front of a real server that injects transient faults into the lines a runner
+sends through the line route (``POST /sgl_blend/lines``, whose answer streams one line at a time):
+a 503 instead of a line's answer, the stream broken after the engine got the chunk (the lines not
+yet answered never are), and an abort the client did not ask for (the answer as SGLang gives it
+for an aborted request: ``finish_reason`` abort). Everything else -- ``/server_info``, aborts --
+passes through untouched. It runs its own event loop in a thread of the test process."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ from aiohttp import web
 from tests.conftest import free_port
 
 FAULTS = ("status_503", "dropped", "aborted")
-FAULTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+FAULTED_PATH = "/sgl_blend/lines"
 
 
 @dataclass
 class FaultProxy:
-    """Forwards to ``target``; each generation request meets a fault with probability ``rate``,
-    the kinds taken in turn so that a run sees each of them."""
+    """Forwards to ``target``; each line's answer meets a fault with probability ``rate``, the
+    kinds taken in turn so that a run sees each of them."""
 
     target: str
     rate: float
@@ -80,26 +81,42 @@ class FaultProxy:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        fault = None
-        if request.method == "POST" and request.path in FAULTED_PATHS:
-            self.seen["generation"] += 1
-            if self._random.random() < self.rate:
-                fault = FAULTS[sum(self.seen[kind] for kind in FAULTS) % len(FAULTS)]
-                self.seen[fault] += 1
-        if fault == "status_503":
-            return web.json_response({"object": "error", "message": "injected: service unavailable"}, status=503)
         headers = {name: value for name, value in request.headers.items() if name.lower() not in ("host",
                                                                                                   "content-length")}
         async with self._session.request(request.method, self.target + request.path_qs, data=body,
                                          headers=headers) as answer:
-            data = await answer.read()
-            status, content_type = answer.status, answer.headers.get("Content-Type", "application/json")
-        if fault == "dropped":
-            request.transport.close()  # the engine ran it; the client never hears
-            return web.Response(status=500)
-        if fault == "aborted" and status == 200:
-            reply = json.loads(data)
-            for choice in reply.get("choices", []):
-                choice["finish_reason"] = "abort"
-            data = json.dumps(reply).encode()
-        return web.Response(body=data, status=status, headers={"Content-Type": content_type})
+            content_type = answer.headers.get("Content-Type", "application/json")
+            if request.method != "POST" or request.path != FAULTED_PATH or answer.status != 200:
+                return web.Response(body=await answer.read(), status=answer.status,
+                                    headers={"Content-Type": content_type})
+            reply = web.StreamResponse(status=200, headers={"Content-Type": content_type})
+            await reply.prepare(request)
+            async for line in answer.content:
+                fault = self._fault()
+                if fault == "dropped":
+                    request.transport.close()  # the engine ran the chunk; its unanswered lines are lost
+                    return reply
+                await reply.write(_faulted(line, fault))
+            await reply.write_eof()
+            return reply
+
+    def _fault(self) -> str | None:
+        self.seen["line"] += 1
+        if self._random.random() >= self.rate:
+            return None
+        fault = FAULTS[sum(self.seen[kind] for kind in FAULTS) % len(FAULTS)]
+        self.seen[fault] += 1
+        return fault
+
+
+def _faulted(line: bytes, fault: str | None) -> bytes:
+    """One line's answer as the fault leaves it."""
+    if fault is None or not line.strip():
+        return line
+    record = json.loads(line)
+    if fault == "status_503":
+        record.update(status=503, body={"object": "error", "message": "injected: service unavailable"})
+    elif record.get("status") == 200:
+        for choice in record["body"].get("choices", []):
+            choice["finish_reason"] = "abort"
+    return json.dumps(record).encode() + b"\n"

@@ -1,7 +1,7 @@
-"""Transient errors on 5% of engine requests fail no line: a runner of the test's own sends a batch
-through a real fault-injecting proxy (`tests.faults.fault_proxy`) in front of the shared real
-tiny-llama server, which answers 503 instead, drops the connection after the engine got the
-request, or aborts it unasked; every line completes, each exactly once."""
+"""Transient errors on 5% of lines fail no line: a runner of the test's own sends a batch through the
+line route of the shared real tiny-llama server, behind a real fault-injecting proxy
+(`tests.faults.fault_proxy`), which answers 503 instead, breaks the answer's stream mid-chunk
+after the engine got the lines, or aborts a line unasked; every line completes, each exactly once."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.faults
 LINES = 240
 
 
-def test_transient_errors_on_5_percent_of_requests_fail_no_line(batch_server: ServerProcess, tmp_path: Path) -> None:
+def test_transient_errors_on_5_percent_of_lines_fail_no_line(batch_server: ServerProcess, tmp_path: Path) -> None:
     store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
     lines = chat_lines(LINES, "flaky", max_tokens=2)
     try:

@@ -20,7 +20,7 @@ from sgl_blend.sglang_plugin.boundary_check import (
     EXTRA_TARGET_ENV, SGLangBoundaryError, check_boundary, installed_version, require_boundary,
 )
 from sgl_blend.sglang_plugin.sglang_boundary import (
-    ADDER_INIT, CALLS, HOOKS, SCHEDULER, SUPPORTED_VERSION, SURFACES, Call, Hook, Surface, bind,
+    ADDER_INIT, CALLS, HOOKS, SCHEDULER, SUPPORTED_VERSION, SURFACES, Call, Hook, Surface, argument,
 )
 from tests.conftest import free_port
 
@@ -67,12 +67,13 @@ def test_everything_missing_is_named_in_one_refusal() -> None:
 
 
 def test_sglang_arguments_are_read_by_name() -> None:
-    positional = bind(ADDER_INIT, "adder", 1, "tree_cache", "allocator", "running_batch", 1.0, 4096, 512, 16)
-    assert positional.arguments["rem_chunk_tokens"] == 512
-    assert positional.arguments["num_mixed_decode_tokens"] == 16
-    keywords = bind(ADDER_INIT, "adder", 1, "tree_cache", "allocator", "running_batch", 1.0, 4096,
-                    rem_chunk_tokens=None)
-    assert keywords.arguments["rem_chunk_tokens"] is None and keywords.arguments["num_mixed_decode_tokens"] == 0
+    chunk, mixed = argument(ADDER_INIT, "rem_chunk_tokens"), argument(ADDER_INIT, "num_mixed_decode_tokens")
+    positional = ("adder", 1, "tree_cache", "allocator", "running_batch", 1.0, 4096, 512, 16)
+    assert (chunk.read(positional, {}), mixed.read(positional, {})) == (512, 16)
+    keywords = ("adder", 1, "tree_cache", "allocator", "running_batch", 1.0, 4096)
+    assert (chunk.read(keywords, {"rem_chunk_tokens": None}), mixed.read(keywords, {})) == (None, 0)
+    assert chunk.replaced(positional, {}, 64)[0][7] == 64
+    assert chunk.replaced(keywords, {}, 64)[1] == {"rem_chunk_tokens": 64}
 
 
 def test_sglang_plugin_loader_lets_the_refusal_through() -> None:

@@ -9,7 +9,8 @@ from sgl_blend.batch_lines.plan import LinePlanner
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.placement import COMPUTE, MEMORY, SAMPLE
 from sgl_blend.sim.engine import EngineConfig
-from sgl_blend.sim.feed import WINDOW_MULTIPLE, RunnerFeed, runner_window
+from sgl_blend.server.window import WINDOW_MULTIPLE
+from sgl_blend.sim.feed import RunnerFeed, runner_window
 from sgl_blend.sim.workload import SimRequest, chain_hash
 
 MODEL = model_spec("llama-3.1-8b")

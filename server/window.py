@@ -1,0 +1,36 @@
+"""How many lines a batch runner keeps in flight on one engine slot (a DP rank of a worker).
+
+The window must keep the engine full: as requests finish, the scheduler must already hold the next
+ones, from both ends of the plan. It need not be larger: every line in it is a request the engine
+holds and the host tracks, and on the in-process path nothing is gained by more. It is a multiple
+of the requests the engine runs at once -- its KV pool over the lines' mean footprint, capped by
+its running limit -- measured on the emulated H100 in real time (`bench.window_size`, docs/results.md).
+The simulator's feed (`sim.feed`) sizes its window with these same functions.
+"""
+
+from __future__ import annotations
+
+# Lines in flight per request the engine runs at once (`bench.window_size`).
+WINDOW_MULTIPLE = 2
+# A window for a server that does not say what it holds.
+FALLBACK_WINDOW = 256
+
+
+def line_footprint(prompt_tokens: int, output_bound: int) -> float:
+    """The KV tokens a line holds over its life, on average: its prompt and half its output."""
+    return prompt_tokens + output_bound / 2.0
+
+
+def concurrent_requests(kv_tokens: int | None, max_running: int | None, footprint: float | None) -> int | None:
+    """Requests of ``footprint`` KV tokens each that an engine runs at once (None: it does not say)."""
+    fits = int(kv_tokens / footprint) if kv_tokens and footprint else None
+    bounds = [bound for bound in (fits, max_running) if bound]
+    return max(1, min(bounds)) if bounds else None
+
+
+def lines_in_flight(concurrent: int | None, chosen: int | None = None) -> int:
+    """Lines in flight on one slot: the window a user ``chosen`` (``--max-inflight``), else
+    `WINDOW_MULTIPLE` times what the slot runs at once."""
+    if chosen:
+        return chosen
+    return WINDOW_MULTIPLE * concurrent if concurrent else FALLBACK_WINDOW
