@@ -278,10 +278,13 @@ class DualScanner:
             self._refresh_left()
         if self.paced:
             for side, earning in self._earning().items():
-                totals = self._remaining[side]
-                lifetime = totals.steps / totals.count if totals.count else 0.0
-                self.credit[side] = min(self.credit[side] + earning * iterations,
-                                        earning * max(BANKED_ITERATIONS, lifetime))
+                self.credit[side] = min(self.credit[side] + earning * iterations, self._bank_limit(side))
+
+    def _bank_limit(self, side: str) -> float:
+        """The most credit a side may bank (`BANKED_ITERATIONS`)."""
+        totals = self._remaining[side]
+        lifetime = totals.steps / totals.count if totals.count else 0.0
+        return self._earning()[side] * max(BANKED_ITERATIONS, lifetime)
 
     # -- running requests ------------------------------------------------------------------------
 
@@ -355,8 +358,13 @@ class DualScanner:
 
     def _spend_after(self, side: str, start: float, request: int, earning: float) -> float:
         """When a side may spend again after spending on ``request`` from ``start``: its price
-        takes ``price / (CATCH_UP * earning)`` iterations to pay at the catch-up rate."""
-        return max(start, self.clock) + self._price(side, request) / (CATCH_UP * earning) if earning > 0 else float("inf")
+        takes ``price / (CATCH_UP * earning)`` iterations to pay at the catch-up rate. A side that
+        earns nothing has nothing left to space out (its last pending request was just taken):
+        it may spend again at once, and its credit alone holds it back. Spacing it by an infinite
+        gap kept it from admitting ever after, across plans, as requests came back to it."""
+        if earning <= 0:
+            return max(start, self.clock)
+        return max(start, self.clock) + self._price(side, request) / (CATCH_UP * earning)
 
     def _fits(self, side: str, request: int, used: float, budgets: dict[str, float]) -> bool:
         """Within the side's share. A paced side is kept to its share on average by its pacing,
@@ -455,12 +463,22 @@ class DualScanner:
         entry = self._entries.get(request)
         if entry is not None and entry.running:
             side = entry.side
+            if self.paced:
+                self._refund(side, request)
         else:  # not running here: back to the side its plan gave it
             side = entry.region if entry is not None and entry.region is not None else MEMORY
         self.release(request)
         self._changed()
         self._retry[side].append(request)
         self._remaining[side].add(self._load_of(request))
+
+    def _refund(self, side: str, request: int) -> None:
+        """Give back what a preempted request's admission spent: it is admitted, and paid for,
+        again when it returns. Without the refund each preemption charged its side twice, and a
+        side preempted every few dozen iterations sank into debt and admitted only when the
+        engine was idle."""
+        self.credit[side] = min(self.credit[side] + self._price(side, request),
+                                max(self.credit[side], self._bank_limit(side)))
 
     def withdraw(self, request: int) -> None:
         self._changed()

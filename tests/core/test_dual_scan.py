@@ -224,3 +224,43 @@ def test_a_window_partitions_by_the_whole_plan_still_to_come() -> None:
     only_compute_here = DualScanner([0, 1], 2, 1000.0, loads.__getitem__, beyond={MEMORY: 5})
     assert only_compute_here.budgets() == {COMPUTE: 1000.0, MEMORY: 0.0}, \
         "with nothing of the memory side here yet, nothing stands for its requests to come"
+
+
+def test_a_side_given_back_a_preempted_request_with_nothing_else_pending_admits_again() -> None:
+    """The compute side's one request is preempted and admitted again with nothing else pending
+    on its side; a new plan then brings that side more requests. It goes on admitting them while
+    the memory side runs and memory is free (it once waited for an idle engine: the re-admission
+    spaced its next spend by an infinite gap, which the next plan's scanner took over)."""
+    loads = two_sided(compute=1, memory=40)
+    scanner = scanner_for(loads, boundary=1, capacity=8000.0, paced=True)
+    engine = TinyEngine(scanner, loads, capacity=8000.0)
+    engine.step()
+    assert 0 in engine.running
+    del engine.running[0]
+    scanner.requeue(0)
+    while 0 not in engine.running:
+        engine.step()
+    arrivals = {request: load(5.0, 1.0, steps=20, commit=30.0, prefill=40) for request in range(100, 140)}
+    loads.update(arrivals)
+    pending = [request for request in scanner.order if request not in engine.admitted_at]
+    replanned = DualScanner(list(arrivals) + pending, len(arrivals), 8000.0, loads.__getitem__, paced=True)
+    replanned.carry_over(scanner)
+    engine.scanner = replanned
+    for _ in range(200):
+        engine.step()
+    assert any(engine.scanner.side(request) == MEMORY for request in engine.running)
+    # at its pace: a compute share this small admits one about every 25 iterations
+    assert len(set(arrivals) & set(engine.admitted_at)) >= 4
+
+
+def test_a_preempted_request_gives_its_side_back_what_its_admission_spent() -> None:
+    """It pays again when it is admitted again; paying twice put a side preempted every few dozen
+    iterations into a debt it never earned back, and it then admitted only on an idle engine."""
+    loads = two_sided(compute=10, memory=10)
+    scanner = scanner_for(loads, boundary=10, capacity=8000.0, paced=True)
+    request, side = scanner.propose(free=1e9, limit=1)[0]
+    before = scanner.credit[side]
+    scanner.admit(request, side)
+    assert scanner.credit[side] < before
+    scanner.requeue(request)
+    assert scanner.credit[side] == pytest.approx(before)
