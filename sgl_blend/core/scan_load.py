@@ -41,6 +41,12 @@ class Load:
     exact: bool = False
     """Whether it decodes exactly ``max_new_tokens`` (``ignore_eos``)."""
 
+    def last_commitment(self) -> float:
+        """What the engine counts against it at its last decode step, started now: the most it
+        ever needs (see `commitment_bound`)."""
+        last = max(self.steps - 1, 0)
+        return self.unshared_prompt + last + float(reserve_at(last, self.max_new_tokens, self.exact))
+
     def left_after(self, decoded: int) -> tuple[float, float, float]:
         """(compute, memory, KV-token-iterations) it still needs after ``decoded`` tokens."""
         steps = max(self.steps, 1)
@@ -72,17 +78,34 @@ class LoadTotals:
         self.count += sign
 
 
+def _columns(tracks: Sequence[tuple[Load, int]]) -> tuple[np.ndarray, ...]:
+    """Unshared prompt, tokens decoded, steps left, output bound and ``ignore_eos``, per track."""
+    unshared = np.array([load.unshared_prompt for load, _decoded in tracks], dtype=float)
+    decoded = np.array([decoded for _load, decoded in tracks], dtype=float)
+    ends = np.maximum(np.array([load.steps for load, _decoded in tracks], dtype=float) - decoded, 0.0)
+    max_new = np.array([load.max_new_tokens for load, _decoded in tracks], dtype=float)
+    exact = np.array([load.exact for load, _decoded in tracks], dtype=bool)
+    return unshared, decoded, ends, max_new, exact
+
+
+def commitment_bound(tracks: Sequence[tuple[Load, int]]) -> float:
+    """A bound on `peak_commitment` that costs one pass: each request's commitment at its last
+    step, summed. A request's commitment never falls while it decodes -- each token adds one and
+    releases at most one of reserve (the reserve ratio is at most 1) -- so no moment needs more."""
+    if not tracks:
+        return 0.0
+    unshared, decoded, ends, max_new, exact = _columns(tracks)
+    last = decoded + np.maximum(ends - 1.0, 0.0)
+    return float(np.sum(unshared + last + reserve_at(last, max_new, exact)))
+
+
 def peak_commitment(tracks: Sequence[tuple[Load, int]]) -> float:
     """The most KV the engine will count against requests ``(load, decoded so far)`` as they
     decode on to their estimated lengths: the sum rises while requests grow and drops as each
     finishes, so it peaks just before some request finishes (or now)."""
     if not tracks:
         return 0.0
-    unshared = np.array([load.unshared_prompt for load, _decoded in tracks], dtype=float)
-    decoded = np.array([decoded for _load, decoded in tracks], dtype=float)
-    ends = np.maximum(np.array([load.steps for load, _decoded in tracks], dtype=float) - decoded, 0.0)
-    max_new = np.array([load.max_new_tokens for load, _decoded in tracks], dtype=float)
-    exact = np.array([load.exact for load, _decoded in tracks])
+    unshared, decoded, ends, max_new, exact = _columns(tracks)
     offsets = np.unique(np.concatenate([[0.0], np.maximum(ends - 1.0, 0.0)]))[:, None]
     at = decoded + offsets
     alive = (offsets < ends) | (offsets == 0)
