@@ -56,13 +56,18 @@ class PlannedPolicy(ABC):
     name = "planned"
     default_sample_rate = 0.0
     paces_prefill = False
-    # Whether a request waits one iteration for a shared prefix another request admitted in the
-    # same iteration computes (see `_prefix_in_flight`).
+    # Whether a request waits for a shared prefix another request is still computing (see
+    # `_prefix_in_flight`).
     computes_prefixes_once = False
 
     def __init__(self, cost_model: CostModel, *, seed: int = 0, replan_fraction: float = REPLAN_FRACTION,
-                 sample_rate: float | None = None, paced: bool | None = None) -> None:
+                 sample_rate: float | None = None, paced: bool | None = None, batches_in_flight: int = 1) -> None:
         self.cost_model = cost_model
+        # Forwards between a request's admission and the radix cache holding its prompt: 1 when
+        # the engine processes each batch's result before it schedules the next (the simulator);
+        # 2 under SGLang's overlap scheduler, which schedules the next batch while the previous
+        # one runs (SGLang's own ``chunks_in_flight``). `advance` counts processed results.
+        self.batches_in_flight = batches_in_flight
         self.sharing = cost_model.sharing_price()
         self.sample_rate = self.default_sample_rate if sample_rate is None else sample_rate
         # ``paced`` overrides the class default, so any order can run with BlendServe's Alg. 3
@@ -230,13 +235,22 @@ class PlannedPolicy(ABC):
         return path if path and path[-1].count > 1 else path[:-1]
 
     def _prefix_in_flight(self, index: int, tentative: set[int]) -> bool:
-        """Whether enough of the request's shared prefix is being computed in this iteration by
-        another request (admitted already, or ``tentative``: proposed before it) that it should wait
-        an iteration and find it cached. SGLang takes a prefix into its radix tree after the forward
-        that computed it, so two requests admitted together would both compute it; the paper's
-        engine computes a shared prefix exactly once per batch."""
+        """Whether enough of the request's shared prefix is still being computed by another
+        request -- admitted within the last ``batches_in_flight`` processed forwards, or
+        ``tentative``: proposed before it -- that it should wait and find it cached. SGLang takes
+        a prefix into its radix tree when it processes the result of the forward that computed
+        it, so a request admitted before then computes it again; the paper's engine computes a
+        shared prefix exactly once.
+
+        Only a running request computes anything. With none running, every admitted request's
+        result has been processed (its prefix is cached) or it was preempted (its prefix must be
+        computed again anyway), and no forward will come to count: a request held then would
+        wait forever on an idle engine. So a held request is always released when nothing else
+        can run."""
+        cached_from = self._iteration - self.batches_in_flight
+        running = len(self._requests) > self._pending_count
         in_flight = sum(node.edge_len for node in self._shared_path(index)
-                        if node.first_admitted == self._iteration or id(node) in tentative)
+                        if id(node) in tentative or (running and node.first_admitted > max(cached_from, -1)))
         return in_flight >= IN_BATCH_PREFIX_TOKENS
 
     def _once_per_prefix(self, chosen: list[tuple[int, str]]) -> list[tuple[int, str]]:

@@ -74,6 +74,10 @@ class PluginRuntime:
         model = settings.priced_model(server_args.model_path)
         name = settings.offline_policy
         options = {"utility": settings.psm_utility} if name == PSMPolicy.name and settings.psm_utility is not None else {}
+        # SGLang's overlap scheduler (its default) caches a forward's prefix two processed results
+        # after its admission: held one result, DFS on the emulated H100 computed MMLU's few-shot
+        # prefixes again (trace1, 4,000 lines: 0.35M cached prompt tokens; held two, 0.87-0.97M).
+        options["batches_in_flight"] = 1 if server_args.disable_overlap_schedule else 2
         reusers = ReuserIndex() if self.mode.kv_priorities else None
         return OfflinePool(make_offline_policy(name, model, settings.device(server_args.tp_size), **options), name,
                            int(tree_cache.token_to_kv_pool_allocator.size), reusers,

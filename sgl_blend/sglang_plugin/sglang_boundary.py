@@ -257,8 +257,9 @@ SURFACES = (
     Surface(f"{CACHE}.base_prefix_cache.EvictParams", "num_tokens", "evict_params", "the tokens an eviction frees"),
     Surface("sglang.srt.runtime_context.ParallelContext", "dp_rank", "sgl.get_parallel()",
             "the DP rank in /server_info"),
-    Surface("sglang.srt.server_args.ServerArgs", "model_path tp_size dp_size host port", "server_args",
-            "the pool's cost model; the batch runner's DP slots; where the server listens"),
+    Surface("sglang.srt.server_args.ServerArgs", "model_path tp_size dp_size host port disable_overlap_schedule",
+            "server_args", "the pool's cost model and when a forward's prefix is cached; the batch runner's DP "
+            "slots; where the server listens"),
     Surface(SERVING, "tokenizer_manager _validate_request _convert_to_internal_request _handle_non_streaming_request "
             "create_error_response", "handler", "the batch runner's in-process path"),
     Surface("sglang.srt.managers.tokenizer_manager.TokenizerManager",

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from sgl_blend.core.cost_model import BUILTIN_MODELS, HardwareSpec
-from sgl_blend.core.policies import POLICIES, make_policy
+from sgl_blend.core.policies import POLICIES, PlannedPolicy, make_policy
 from sgl_blend.core.protocol import OfflineRequest
 
 
@@ -112,3 +112,45 @@ def test_a_shared_prefix_is_computed_once_not_by_every_request_admitted_with_it(
     policy.advance(1)
     second = [request.rid for request in policy.propose(10**6, 100)]
     assert sorted(first + second) == sorted(request.rid for request in requests)
+
+
+def _sharing_pair(output: int) -> list[OfflineRequest]:
+    """Two requests sharing a 400-token prefix."""
+    shared = list(range(1000, 1400))
+    return [OfflineRequest(f"r{index}", shared + [index] * 30, output, exact_output_len=True) for index in range(2)]
+
+
+def _dfs_policy(batches_in_flight: int, requests: list[OfflineRequest]) -> PlannedPolicy:
+    policy = make_policy("dfs", BUILTIN_MODELS["llama-3.1-8b"], HardwareSpec.resolve("h100-sxm"),
+                         batches_in_flight=batches_in_flight)
+    policy.set_kv_capacity(100_000)
+    policy.submit(requests)
+    return policy
+
+
+@pytest.mark.parametrize("batches_in_flight", [1, 2])
+def test_a_request_waits_until_the_forward_computing_its_shared_prefix_has_been_processed(batches_in_flight: int) -> None:
+    """DFS admits the first of two requests sharing a prefix and holds the second until the
+    first's prefix is in the radix cache: one processed forward later when the engine processes
+    each result before scheduling, two under SGLang's overlap scheduler (the second would else be
+    admitted while the first's forward runs and compute the prefix again)."""
+    policy = _dfs_policy(batches_in_flight, _sharing_pair(output=8))
+    assert [request.rid for request in policy.propose(100_000, 8)] == ["r0"]
+    policy.admitted(["r0"])
+    proposals = []
+    for _ in range(batches_in_flight):
+        policy.advance(1)
+        proposals.append([request.rid for request in policy.propose(100_000, 8)])
+    assert proposals == [[]] * (batches_in_flight - 1) + [["r1"]]
+
+
+def test_a_held_request_is_released_on_an_idle_engine() -> None:
+    """Under the overlap scheduler the first request finishes after one processed forward, before
+    the count that would release the second: nothing runs, so no forward will come to count, and
+    the second (all that is left) must be proposed at once rather than wait forever."""
+    policy = _dfs_policy(2, _sharing_pair(output=1))
+    assert [request.rid for request in policy.propose(100_000, 8)] == ["r0"]
+    policy.admitted(["r0"])
+    policy.advance(1)
+    policy.finished("r0", 1)
+    assert [request.rid for request in policy.propose(100_000, 8)] == ["r1"]
