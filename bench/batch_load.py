@@ -137,8 +137,19 @@ class MemoryTrace:
 
     def peak(self) -> int:
         """The kernel's peak resident size of the process over its whole life."""
-        status = Path(f"/proc/{self.pid}/status").read_text()
-        return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) * 1024
+        return _peak_rss(self.pid)
+
+    def peaks(self) -> dict[str, int]:
+        """The peak resident size of the server's every process: its HTTP process (which holds the
+        Batch API and its runner), scheduler and detokenizer."""
+        process = psutil.Process(self.pid)
+        return {"http": _peak_rss(self.pid),
+                **{child.name(): _peak_rss(child.pid) for child in process.children(recursive=True)}}
+
+
+def _peak_rss(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) * 1024
 
 
 def fresh_server(work: Path, port: int, max_lines: int) -> ServerProcess:
@@ -179,11 +190,12 @@ async def loaded_phase(server: ServerProcess, args: argparse.Namespace) -> dict[
     for batch in batches:
         if batch["status"] not in FINISHED:
             await client.batches.cancel(batch["id"])
+    seconds = time.monotonic() - began
     return {"online_only_ttft": summary(alone), "loaded_ttft": summary(loaded), "api_latency": summary(api),
             "upload_and_create_s": round(submitted_s, 1), "lines_answered": done,
-            "batch_seconds": round(time.monotonic() - began, 1),
+            "batch_seconds": round(seconds, 1), "lines_per_s": round(done / seconds, 1),
             "batches": [{key: batch[key] for key in ("id", "status", "request_counts")} for batch in batches],
-            "peak_rss_bytes": memory.peak(), "memory_trace": memory.samples,
+            "peak_rss_bytes": memory.peak(), "peak_rss_by_process": memory.peaks(), "memory_trace": memory.samples,
             "ttfts": {"online_only": alone, "loaded": loaded}}
 
 
@@ -209,7 +221,7 @@ async def memory_phase(server: ServerProcess, lines: int, done_target: int, max_
         await client.batches.cancel(batch_id)
     return {"lines": lines, "status": batch.status, "lines_answered": batch.request_counts.completed,
             "seconds": round(time.monotonic() - began, 1), "peak_rss_bytes": memory.peak(),
-            "memory_trace": memory.samples}
+            "peak_rss_by_process": memory.peaks(), "memory_trace": memory.samples}
 
 
 def run_on_fresh_server(work: Path, port: int, max_lines: int, phase: Callable[[ServerProcess], Awaitable[dict]]) -> dict:
@@ -284,6 +296,7 @@ def main() -> None:
     print(json.dumps({"judged": report["judged"], "online_only_ttft": report["loaded"]["online_only_ttft"],
                       "loaded_ttft": report["loaded"]["loaded_ttft"], "api_latency": report["loaded"]["api_latency"],
                       "lines_answered": report["loaded"]["lines_answered"],
+                      "lines_per_s": report["loaded"]["lines_per_s"],
                       "peak_rss_mib": {key: round(report[key]["peak_rss_bytes"] / 2**20, 1)
                                        for key in ("loaded", "memory_small", "memory_big")}}, indent=1))
 

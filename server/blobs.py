@@ -92,11 +92,6 @@ class BlobDir:
         finally:
             os.close(descriptor)
 
-    def read_range(self, file_id: str, offset: int, length: int) -> bytes:
-        with self.path(file_id).open("rb") as handle:
-            handle.seek(offset)
-            return handle.read(length)
-
     def iter_content(self, file_id: str, length: int) -> Iterator[bytes]:
         """The first ``length`` bytes in chunks: a file is never read whole into memory."""
         with self.path(file_id).open("rb") as handle:

@@ -18,7 +18,7 @@ from sgl_blend.offline import offline_routing_key
 from sgl_blend.server.active import ActiveBatch, ActiveBatches
 from sgl_blend.server.assignment import Slot
 from sgl_blend.server.feed import Feed, LineKey
-from sgl_blend.server.planning import FeedPlanner
+from sgl_blend.server.planning import PlanKeeper
 from sgl_blend.server.results import LineResult, ResultWriter
 from sgl_blend.server.store import LineRow
 from sgl_blend.server.window import lines_in_flight
@@ -35,9 +35,9 @@ FILL_SLICE = 128
 class Dispatcher:
     """``max_inflight``: every slot's window (None: sized from what the engine runs at once)."""
 
-    def __init__(self, pool: WorkerPool, feed: Feed, planner: FeedPlanner, writer: ResultWriter,
+    def __init__(self, pool: WorkerPool, feed: Feed, plan_keeper: PlanKeeper, writer: ResultWriter,
                  batches: ActiveBatches, *, max_inflight: int | None, wake: Callable[[], None]) -> None:
-        self.pool, self.feed, self.planner, self.writer, self.batches = pool, feed, planner, writer, batches
+        self.pool, self.feed, self.plan_keeper, self.writer, self.batches = pool, feed, plan_keeper, writer, batches
         self.max_inflight = max_inflight
         self.wake = wake
         self._inflight: Counter[Slot] = Counter()
@@ -48,7 +48,7 @@ class Dispatcher:
 
     def window(self, worker: Worker) -> int:
         """Lines one of ``worker``'s slots holds at once."""
-        return lines_in_flight(worker.limits.concurrent(self.planner.mean_footprint), self.max_inflight)
+        return lines_in_flight(worker.limits.concurrent(self.plan_keeper.mean_footprint), self.max_inflight)
 
     def fill(self) -> bool:
         """Start lines until every ready slot's window is full or its queue is empty, at most
@@ -112,7 +112,7 @@ class Dispatcher:
             return
         if outcome.aborted and batch.closing:
             return  # stopped by our own abort: the line never finished
-        self.planner.line_done(key, outcome)
+        self.plan_keeper.line_done(key, outcome)
         batch.result_in(line.line_number)
         self.writer.put(LineResult(batch.id, line.line_number, outcome))
 

@@ -89,9 +89,6 @@ class Feed:
             del self._slot[key]
             self.placements.pop(key, None)
 
-    def has_batch(self, batch_id: str) -> bool:
-        return any(key[0] == batch_id for key in self._slot)
-
     def move_slots(self, gone: set[Slot], slot_of: Mapping[LineKey, Slot]) -> None:
         """Requeue the lines of slots that are gone on the slots ``slot_of`` gives them, in order."""
         for slot in gone:

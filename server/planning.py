@@ -62,14 +62,16 @@ class PlanRecord:
     first_rank: int
 
 
-class FeedPlanner:
-    """``planner`` None: no plan, file order. ``choose_slots`` spreads lines over the live slots
-    (by their prompts where it can)."""
+class PlanKeeper:
+    """Keeps the runner's one plan current as lines come and go, and the feed in its order; the
+    plans themselves are the ``line_planner``'s (`batch_lines.plan.LinePlanner`, over the core's
+    `TreePlanner`). ``line_planner`` None: no plan, file order. ``choose_slots`` spreads lines
+    over the live slots (by their prompts where it can)."""
 
-    def __init__(self, feed: Feed, planner: LinePlanner | None, store: BatchStore, owner: str,
+    def __init__(self, feed: Feed, line_planner: LinePlanner | None, store: BatchStore, owner: str,
                  choose_slots: SlotChooser, wake: Callable[[], None]) -> None:
         self.feed = feed
-        self.planner = planner
+        self.line_planner = line_planner
         self.store = store
         self.owner = owner
         self.choose_slots = choose_slots
@@ -103,7 +105,7 @@ class FeedPlanner:
         """Lines of a batch that are ready to run (validated now, or unfinished at a restart),
         in file order, with the prompts that were tokenised."""
         keys = self._remember(batch_id, numbers, items)
-        if self.planner is None:
+        if self.line_planner is None:
             self.feed.append(keys, self.choose_slots(keys, self.items))
             return
         samples = [key for key in keys if self._is_sample(key)]
@@ -154,7 +156,7 @@ class FeedPlanner:
     def step(self, validating: bool, starving: bool) -> None:
         """Start a plan in the background when one is due: ``validating`` -- some batch is still
         being validated; ``starving`` -- a slot's window has room and its queue is empty."""
-        if self.planner is None or self.planning:
+        if self.line_planner is None or self.planning:
             return
         if self._task is not None:
             if not self._task.cancelled() and self._task.exception() is not None:
@@ -199,7 +201,7 @@ class FeedPlanner:
                     ) -> tuple[BatchPlan, dict[LineKey, str]]:
         """The plan (in a worker thread), and the digest of each line's prompt ids, which its
         placement carries to the scheduler to be checked against the ids it runs."""
-        plan = self.planner.plan(items, observed, 0.0)
+        plan = self.line_planner.plan(items, observed, 0.0)
         return plan, {item.key: prompt_digest(item.prompt_ids) for item in items}
 
     def _store_plan(self, order: Sequence[LineKey], placements: Mapping[LineKey, Placement], first_rank: int) -> None:
@@ -214,7 +216,7 @@ class FeedPlanner:
 
     def _is_sample(self, key: LineKey) -> bool:
         item = self.items.get(key)
-        return item is not None and self.planner.blend and is_sample(key[0], key[1], item)
+        return item is not None and self.line_planner.blend and is_sample(key[0], key[1], item)
 
     def _sample_placement(self, key: LineKey) -> Placement:
         return sample_placement(self.ranks.take_compute(), self.items[key])

@@ -9,10 +9,10 @@ orders it among every other offline line: through SGLang's own OpenAI handlers i
 A batch streams: validation reads its input once, a chunk at a time in a worker thread, converting
 each line once (which tokenises it), and hands each stored chunk to the feed at once
 (`server.planning`), so the engine runs the first lines while the rest is still being read;
-nothing about a batch is held whole in memory beyond the lines not yet answered. Lines are spread over the live slots of the workers (`server.workers`,
-one slot per DP rank) by BlendServe's DP partition where their prompts are known; a worker that
-stays unreachable for ``worker_grace_s`` is declared dead and its queued lines move to the slots
-still alive.
+nothing about a batch is kept whole in memory beyond the lines not yet answered. Lines are spread
+over the live slots of the workers (`server.workers`, one slot per DP rank) by BlendServe's DP
+partition where their prompts are known; a worker that stays unreachable for ``worker_grace_s`` is
+declared dead and its queued lines move to the slots still alive.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from sgl_blend.server.assignment import Assigner, Slot, split_evenly
 from sgl_blend.server.blobs import BlobDir, ResultFileDamaged
 from sgl_blend.server.dispatch import Dispatcher
 from sgl_blend.server.feed import Feed, LineKey
-from sgl_blend.server.planning import FeedPlanner
+from sgl_blend.server.planning import PlanKeeper
 from sgl_blend.server.prepared import PreparedBatch
 from sgl_blend.server.results import LineResult, ResultWriter
 from sgl_blend.server.store import BatchRow, BatchStore, Conflict, FileRow, LeaseLost, LineRow
@@ -93,12 +93,12 @@ class BatchRunner:
                                   on_change=lambda: self.wake(refresh=False))
         self.batches = ActiveBatches()
         self.feed = Feed()
-        self.planner = FeedPlanner(self.feed, planner, store, owner, self._choose_slots,
+        self.plan_keeper = PlanKeeper(self.feed, planner, store, owner, self._choose_slots,
                                    wake=lambda: self.wake(refresh=False))
         self._wake = asyncio.Event()
         self._refresh = True
         self._writer = ResultWriter(store, blobs, owner)
-        self._dispatcher = Dispatcher(self.workers, self.feed, self.planner, self._writer, self.batches,
+        self._dispatcher = Dispatcher(self.workers, self.feed, self.plan_keeper, self._writer, self.batches,
                                       max_inflight=max_inflight, wake=lambda: self.wake(refresh=False))
 
     def wake(self, refresh: bool = True) -> None:
@@ -127,7 +127,7 @@ class BatchRunner:
                     self._rebalance()
                     self._advance()
                     starving = self._dispatcher.fill()
-                    self.planner.step(validating=self.batches.validating(), starving=starving)
+                    self.plan_keeper.step(validating=self.batches.validating(), starving=starving)
                 except Exception:
                     logger.exception("batch runner step failed; trying again")
                     next_claim = now + self.poll_s
@@ -163,11 +163,11 @@ class BatchRunner:
 
     async def _claim(self, steal: bool) -> None:
         rows = await asyncio.to_thread(self.store.claim_batches, self.owner, time.time(), self.lease_s, steal=steal)
-        held = {row.id: row for row in rows}
+        leased = {row.id: row for row in rows}
         for batch_id in self.batches.ids():
-            if batch_id not in held or batch_id in self._writer.lost_batches:
-                self._drop(batch_id)  # a batch the writer let go is taken up afresh if still held
-        for row in held.values():
+            if batch_id not in leased or batch_id in self._writer.lost_batches:
+                self._drop(batch_id)  # a batch the writer let go is taken up afresh if still leased
+        for row in leased.values():
             batch = self.batches.get(row.id)
             if batch is None:
                 await self._adopt(row)
@@ -192,7 +192,7 @@ class BatchRunner:
     def _drop(self, batch_id: str) -> None:
         batch = self.batches.pop(batch_id)
         batch.closing = True
-        self.planner.remove_batch(batch_id)
+        self.plan_keeper.remove_batch(batch_id)
         for task in (*batch.inflight.values(), batch.task, batch.validation):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
@@ -295,7 +295,7 @@ class BatchRunner:
         return as_read
 
     def _reads_prompts(self) -> bool:
-        return self.engine is not None or self.planner.planner is not None or len(self.workers.live_slots()) > 1
+        return self.engine is not None or self.plan_keeper.line_planner is not None or len(self.workers.live_slots()) > 1
 
     async def _fail(self, batch: ActiveBatch, rejected: FileRejected) -> None:
         await asyncio.to_thread(self.store.fail_batch, batch.id, self.owner, [rejected.as_batch_error()],
@@ -318,7 +318,7 @@ class BatchRunner:
             keys = [(batch.id, row.line_number) for row in planned]
             slot_of.update(self._choose_slots([key for key in keys if key not in slot_of], {}))
             batch.lines.update((row.line_number, row) for row in planned)
-            self.planner.resume(batch.id, [(row.line_number, row.placement) for row in planned], [], items, slot_of)
+            self.plan_keeper.resume(batch.id, [(row.line_number, row.placement) for row in planned], [], items, slot_of)
 
     def _lines_ready(self, batch: ActiveBatch, rows: list[LineRow], items: dict[int, WorkItem]) -> None:
         """Validated (or resumed) lines: those that fail without running get their result now; the
@@ -334,7 +334,7 @@ class BatchRunner:
             else:
                 batch.lines[row.line_number] = row
                 runnable.append(row.line_number)
-        self.planner.add(batch.id, runnable, items)
+        self.plan_keeper.add(batch.id, runnable, items)
         self.wake(refresh=False)
 
     def _choose_slots(self, keys: Sequence[LineKey], items: Mapping[LineKey, WorkItem]) -> dict[LineKey, Slot]:
@@ -375,7 +375,7 @@ class BatchRunner:
         if not live or not stranded:
             return
         gone = [key for key in self.feed.queued() if self.feed.slot_of(key) in stranded]
-        self.feed.move_slots(stranded, self._choose_slots(sorted(gone), self.planner.items))
+        self.feed.move_slots(stranded, self._choose_slots(sorted(gone), self.plan_keeper.items))
 
     async def _finalize(self, batch: ActiveBatch) -> None:
         if await asyncio.to_thread(self.store.pending_lines, batch.id, limit=1):
@@ -391,7 +391,7 @@ class BatchRunner:
         flight, keep every finished one, and for ``expired`` record each line that never ran as
         ``batch_expired``."""
         batch.closing = True
-        self.planner.remove_batch(batch.id)
+        self.plan_keeper.remove_batch(batch.id)
         if batch.validation is not None:
             await asyncio.gather(batch.validation, return_exceptions=True)
         await self._dispatcher.abort_inflight(batch)

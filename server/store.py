@@ -1,6 +1,6 @@
 """Files, batches and batch lines, durably, in SQLite or PostgreSQL (SQLAlchemy Core, `server.db`).
 
-A batch is never held whole anywhere: its input is indexed into one row per line (line number,
+A batch is never kept whole anywhere: its input is indexed into one row per line (line number,
 custom_id, byte offset and length in the input file, state), and its results are appended to two
 files on disk whose *committed* lengths live in the batch's row. A result counts only once the
 transaction that marks its line done and moves the committed length past it has committed, so on

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from sqlalchemy import Connection, bindparam, func, select, update
+from sqlalchemy import Connection, bindparam, select, update
 
 from sgl_blend.core.placement import Placement
 from sgl_blend.server.db import Database, retry_reads
@@ -92,13 +92,6 @@ class LineQueries:
                      .values(plan_rank=bindparam("rank"), placement=bindparam("placement_")))
         self._update_lines(batch_id, owner, statement, rows)
         kill_point("plan_stored")
-
-    @retry_reads
-    def unplanned_lines(self, batch_id: str) -> int:
-        """How many unfinished lines of the batch have no plan rank."""
-        with self.db.read() as connection:
-            return connection.execute(select(func.count()).select_from(batch_lines).where(
-                _lines.batch_id == batch_id, _lines.state == PENDING, _lines.plan_rank.is_(None))).scalar_one()
 
     @retry_reads
     def pending_lines(self, batch_id: str, *, after_line: int = 0, limit: int | None = None,

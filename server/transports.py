@@ -32,7 +32,7 @@ from sgl_blend.server.prepared import PreparedLine
 
 logger = logging.getLogger(__name__)
 # The most lines in one chunk: big enough that a window of thousands takes a few connections, small
-# enough that a chunk's connection is not held long by its slowest line.
+# enough that a chunk's connection is not kept long by its slowest line.
 CHUNK_LINES = 256
 PROBE_TIMEOUT_S = 10.0
 

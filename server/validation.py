@@ -7,7 +7,7 @@ on. A good line is prepared a chunk at a time (`Prepare`: converted by SGLang's 
 this server's process, which tokenises its prompt; or, in a runner with no engine, tokenised when
 the plan reads prompts) and written to the batch's prepared folder (`server.prepared`). Only the
 file as a whole can fail the batch: no lines at all, or more than the limit. Nothing of the file is
-held in memory beyond one chunk of lines and the custom_ids seen so far (to find repeats).
+kept in memory beyond one chunk of lines and the custom_ids seen so far (to find repeats).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def validate_input(path: Path, limits: LineLimits, writer: PreparedWriter, prepa
 
 def _lines(handle: BinaryIO, max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
     """(line number, bytes) for every non-blank line; None for a line over ``max_bytes``, which
-    is skipped to its end without being held."""
+    is skipped to its end without being kept."""
     number = 0
     while True:
         raw = handle.readline(max_bytes + 2)

@@ -23,7 +23,7 @@ from sgl_blend.core.cost_model import CostModel, SharingPrice, memory_partition,
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
 from sgl_blend.core.placement import COMPUTE, MEMORY, SAMPLE, Placement
-from sgl_blend.core.planner import Plan, Planner
+from sgl_blend.core.planner import Plan, TreePlanner
 from sgl_blend.core.prefix_tree import PrefixTree
 
 NEVER = 1e300  # the admission gap of a side with no memory share: fed after everything else
@@ -72,7 +72,7 @@ def plan_batch(items: Sequence[WorkItem], cost_model: CostModel, *, blend: bool,
         return index < len(items) and index not in sampled
 
     price = cost_model.sharing_price()
-    plan = Planner(tree, price, include).plan() if blend else None
+    plan = TreePlanner(tree, price, include).plan() if blend else None
     if plan is not None:
         order, boundary, reuse = plan.order, plan.boundary, plan.reuse
     else:

@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.core.dp_partition import Partition, partition_order
 from sgl_blend.core.output_length import OutputLengthEstimator
-from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Planner
+from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, TreePlanner
 from sgl_blend.core.prefix_tree import PrefixTree
 
 
@@ -76,7 +76,7 @@ def plan_shares(items: Iterable[WorkItem], k: int, cost_model: CostModel, *,
         tree.insert(index, item.prompt_ids, cost_model.comp_time(prompt, output), cost_model.mem_time(prompt, output))
     if not keys:
         return DPShares([[] for _ in range(k)], [0.0] * k, [0] * (k - 1), 0)
-    plan = Planner(tree, cost_model.sharing_price(), split_threshold=split_threshold).plan()
+    plan = TreePlanner(tree, cost_model.sharing_price(), split_threshold=split_threshold).plan()
 
     def shared_prefix(a: int, b: int) -> int:
         return _shared_prefix(tree, a, b)

@@ -66,7 +66,7 @@ class Plan:
     monotone: bool = False
 
 
-class Planner:
+class TreePlanner:
     """Plans the requests of one tree that ``include`` accepts (the pending ones); ``price`` is
     what a shared prompt token saves on the device the tree's costs are for.
 

@@ -28,7 +28,7 @@ from sgl_blend.core.dual_scan import COMPUTE, DualScanner
 from sgl_blend.core.scan_load import Load
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
 from sgl_blend.core.placement import MEMORY, SAMPLE, Placement
-from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, Planner
+from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, TreePlanner
 from sgl_blend.core.prefix_tree import Node, PrefixTree
 from sgl_blend.core.protocol import OfflineRequest
 from sgl_blend.core.request_state import RequestState, Status
@@ -398,7 +398,7 @@ class BlendServePolicy(PlannedPolicy):
     def _order(self, include: Callable[[int], bool]) -> Plan:
         if not self.blends:
             return _dfs_plan(self.tree, include)
-        return Planner(self.tree, self.sharing, include, self.split_threshold).plan()
+        return TreePlanner(self.tree, self.sharing, include, self.split_threshold).plan()
 
     def admission_side(self, rid: str) -> str | None:
         state = self._by_rid.get(rid)

@@ -263,7 +263,8 @@ SURFACES = (
     Surface(SERVING, "tokenizer_manager _validate_request _convert_to_internal_request _handle_non_streaming_request "
             "create_error_response", "handler", "the batch runner's in-process path"),
     Surface("sglang.srt.managers.tokenizer_manager.TokenizerManager",
-            "tokenizer server_args get_internal_state gracefully_exit", "tokenizer_manager self.tokenizer_manager",
+            "tokenizer server_args get_internal_state gracefully_exit generate_request",
+            "tokenizer_manager self.tokenizer_manager self._tokenizer_manager",
             "text prompts tokenised as SGLang does; the engine's size for the runner's window; a SIGTERM's drain"),
     Surface(f"{IO}.GenerateReqInput", "rid routing_key routed_dp_rank received_time text input_ids",
             "adapted conversion.adapted sub batched",

@@ -49,7 +49,7 @@ class RunnerFeed:
     def __init__(self, requests: Sequence[SimRequest], planner: LinePlanner | None, window: int, seed: int = 0) -> None:
         if window < 1:
             raise ValueError("the window must hold at least one line")
-        self.planner = planner
+        self.line_planner = planner
         self.window = window
         self.items = {index: WorkItem(index, r.prompt_ids(), r.max_new_tokens, r.exact)
                       for index, r in enumerate(requests)} if planner is not None else {}
@@ -76,7 +76,7 @@ class RunnerFeed:
         that the plan does not cover (samples)."""
         if not unsent:
             return
-        plan = plan_batch([self.items[index] for index in unsent], self.planner.cost_model, blend=self.planner.blend,
+        plan = plan_batch([self.items[index] for index in unsent], self.line_planner.cost_model, blend=self.line_planner.blend,
                           observed=self.observed or None, sample_rate=0.0)
         self.placements.update(self.ranks.place(plan))
         covered = set(unsent)

@@ -18,6 +18,8 @@ from sgl_blend.server.config import BatchApiConfig
 from tests.batch.helpers import chat_lines, create_batch, records, wait_until
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.server
+
 ENGINE_KEY, ADMIN_KEY, TEAM_A, TEAM_B = "sk-engine", "sk-admin", "sk-team-a", "sk-team-b"
 
 

@@ -25,6 +25,8 @@ from tests.batch.helpers import (WAIT_LIMIT_S, chat_line, chat_lines, create_bat
                                  upload, wait_until)
 from tests.waiting import wait_for_async
 
+pytestmark = pytest.mark.server
+
 
 def test_happy_path(client: openai.OpenAI) -> None:
     lines = chat_lines(12, "happy")

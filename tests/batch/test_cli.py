@@ -32,6 +32,7 @@ class Cli:
         return status, out, err
 
 
+@pytest.mark.server
 def test_submit_wait_status_list_download_cancel(batch_server: ServerProcess, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,8 @@ store had not committed. This test needs its own server, since it kills it."""
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 from sgl_blend.client import http
@@ -11,6 +13,8 @@ from sgl_blend.launch.supervisor import ServerProcess
 from sgl_blend.server.store import BatchStore
 from tests.batch.conftest import API_KEY, client_for, start_batch_server
 from tests.batch.helpers import create_batch, mixed_lines, records, wait_until
+
+pytestmark = pytest.mark.server
 
 
 def offline_counts(server: ServerProcess) -> dict[str, int]:

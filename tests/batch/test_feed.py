@@ -16,7 +16,7 @@ from sgl_blend.core.placement import COMPUTE, MEMORY, Placement
 from sgl_blend.server.assignment import Slot
 from sgl_blend.server.blobs import BlobDir
 from sgl_blend.server.feed import Feed
-from sgl_blend.server.planning import FIRST_PROVISIONAL_LINES, FeedPlanner
+from sgl_blend.server.planning import FIRST_PROVISIONAL_LINES, PlanKeeper
 from sgl_blend.server.store import BatchStore, LineRow
 from tests.batch.helpers import add_batch, chat_line
 
@@ -43,7 +43,7 @@ def test_a_new_plan_reorders_only_what_it_covers_and_slots_move_in_order() -> No
     feed.move_slots({A}, {key: B for key in feed.queued()})
     assert feed.pop(A) is None and feed.pop(B) == ("y", 1)
     feed.remove_batch("x")
-    assert len(feed) == 0 and not feed.has_batch("x")
+    assert len(feed) == 0 and not any(key[0] == "x" for key in feed.queued())
 
 
 def test_every_plan_follows_the_earlier_ones_in_one_rank_space() -> None:
@@ -74,20 +74,20 @@ def test_while_batches_are_read_a_plan_waits_for_enough_lines_unless_the_queue_r
     store.add_lines(batch_id, "planner-test", [LineRow(number, f"c{number}", 0, 0) for number in range(1, 13)])
     feed = Feed()
     cost = CostModel(model_spec("llama-3.1-8b"), BUILTIN_HARDWARE["h100-sxm"])
-    planner = FeedPlanner(feed, LinePlanner(cost, blend=False), store, "planner-test",
-                          lambda keys, _items: dict.fromkeys(keys, A), wake=lambda: None)
+    keeper = PlanKeeper(feed, LinePlanner(cost, blend=False), store, "planner-test",
+                         lambda keys, _items: dict.fromkeys(keys, A), wake=lambda: None)
 
     async def drive() -> None:
-        planner.add(batch_id, list(range(1, 11)), {number: item(number) for number in range(1, 11)})
-        planner.step(validating=True, starving=False)
-        assert not planner.planning, "ten lines of a batch still being read wait for more"
-        planner.step(validating=True, starving=True)
-        await planner._task
-        assert [record.provisional for record in planner.plans] == [True] and len(feed) == 10
-        planner.add(batch_id, [11, 12], {11: item(11), 12: item(12)})
-        planner.step(validating=False, starving=False)
-        await planner._task
-        assert [record.lines for record in planner.plans] == [10, 12] and not planner.plans[-1].provisional
+        keeper.add(batch_id, list(range(1, 11)), {number: item(number) for number in range(1, 11)})
+        keeper.step(validating=True, starving=False)
+        assert not keeper.planning, "ten lines of a batch still being read wait for more"
+        keeper.step(validating=True, starving=True)
+        await keeper._task
+        assert [record.provisional for record in keeper.plans] == [True] and len(feed) == 10
+        keeper.add(batch_id, [11, 12], {11: item(11), 12: item(12)})
+        keeper.step(validating=False, starving=False)
+        await keeper._task
+        assert [record.lines for record in keeper.plans] == [10, 12] and not keeper.plans[-1].provisional
 
     asyncio.run(drive())
     ranks = [line.plan_rank for line in store.lines(batch_id)]

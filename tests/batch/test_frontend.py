@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -14,6 +16,8 @@ from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
 
 from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import API_KEY
+
+pytestmark = pytest.mark.server
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "frontend_offline.py"
 

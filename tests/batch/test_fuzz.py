@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import time
 from pathlib import Path
@@ -84,6 +86,7 @@ bad_lines = st.one_of(raw_lines, st.just(b""), st.just(b"   "))
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
 @given(mixed=st.lists(st.one_of(bad_lines, st.integers(0, 10**6).map(lambda n: json.dumps(chat_line(f"good-{n}", 1))
                                                                      .encode())), min_size=20, max_size=60))
+@pytest.mark.server
 def test_one_error_record_per_bad_line(mixed: list[bytes], batch_server: ServerProcess, tmp_path_factory) -> None:
     root = tmp_path_factory.mktemp("fuzz-batch")
     content = [line.replace(b"\n", b" ").replace(b"\r", b" ") for line in mixed] + [json.dumps(chat_line("anchor", 1))

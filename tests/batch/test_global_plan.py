@@ -9,6 +9,8 @@ only a joint plan puts a family's lines from both batches next to each other.
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 from sqlalchemy import select
@@ -26,6 +28,8 @@ from sgl_blend.launch.supervisor import ServerProcess
 from sgl_blend.sglang_plugin.settings import configured_hardware
 from tests.batch.conftest import API_KEY
 from tests.batch.helpers import add_batch, chat_line, run_until
+
+pytestmark = pytest.mark.server
 
 FAMILIES = 6
 PER_FAMILY = 8
@@ -56,7 +60,7 @@ def test_two_batches_are_planned_together_and_fed_in_plan_order(batch_server: Se
     ranks = {(row["batch_id"], row["line_number"]): row for row in rows}
     assert all(row["plan_rank"] is not None and row["placement"] for row in rows), "the plan is in the store"
     assert len({row["plan_rank"] for row in rows}) == len(rows), "one rank space over both batches' lines"
-    final = runner.planner.plans[-1]
+    final = runner.plan_keeper.plans[-1]
     assert not final.provisional
     jointly = sorted((row for row in rows if row["plan_rank"] >= final.first_rank), key=lambda row: row["plan_rank"])
     assert {row["batch_id"] for row in jointly} == set(batch_ids), "the last plan ranks both batches' lines"

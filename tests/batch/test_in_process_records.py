@@ -5,6 +5,8 @@ cached-token count (the second time round the prompt is in the radix cache)."""
 
 from __future__ import annotations
 
+import pytest
+
 from typing import Any
 
 import httpx
@@ -13,6 +15,8 @@ import openai
 from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import API_KEY
 from tests.batch.helpers import create_batch, records, wait_until
+
+pytestmark = pytest.mark.server
 
 VARYING = ("id", "created", "cached_tokens")
 

@@ -7,6 +7,8 @@ made, an empty input fails as the Batch API fails it, and a finished job says so
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -18,6 +20,8 @@ import openai
 from sgl_blend.launch.supervisor import ServerProcess
 from tests.batch.conftest import MAX_LINE_BYTES
 from tests.batch.helpers import chat_line, jsonl, records, wait_until
+
+pytestmark = pytest.mark.server
 
 HOSTILE = {
     "nested": b"[" * 100_000 + b"]" * 100_000,

@@ -66,6 +66,7 @@ def chat(custom_id: str, messages: list[dict[str, Any]], **body: Any) -> dict[st
                      **body}}
 
 
+@pytest.mark.server
 def test_the_scheduler_runs_the_ids_each_line_was_planned_on(bos_server: ServerProcess) -> None:
     client = openai.OpenAI(base_url=f"{bos_server.base_url}/v1", api_key="none", max_retries=0)
     system = {"role": "system", "content": "You answer in one word."}

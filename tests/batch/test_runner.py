@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import time
 from collections import Counter
@@ -40,6 +42,7 @@ def test_housekeeping_deletes_expired_files(tmp_path: Path) -> None:
     store.close()
 
 
+@pytest.mark.server
 def test_one_batch_over_two_workers(batch_server: ServerProcess, tmp_path: Path) -> None:
     store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
     lines = chat_lines(40, "spread")

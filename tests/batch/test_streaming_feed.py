@@ -8,6 +8,8 @@ thousand of them takes seconds while the first ones are answered in a fraction o
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 from typing import Sequence
 
@@ -23,6 +25,8 @@ from sgl_blend.server.store import BatchStore
 from sgl_blend.sglang_plugin.settings import configured_hardware
 from tests.batch.conftest import API_KEY
 from tests.batch.helpers import add_batch, chat_line, run_until
+
+pytestmark = pytest.mark.server
 
 FAMILIES = 12
 WORDS = 150
@@ -62,13 +66,13 @@ def test_lines_run_before_the_whole_batch_is_read_and_planned(batch_server: Serv
 
     def first_result() -> bool:
         if store.get_batch(batch_id).completed and "plans" not in seen:
-            seen["plans"] = list(runner.planner.plans)
+            seen["plans"] = list(runner.plan_keeper.plans)
         return store.get_batch(batch_id).status == "completed"
 
     run_until(runner, first_result, "the batch to complete")
     assert seen["plans"] and all(plan.provisional for plan in seen["plans"]), \
         f"a line was answered before the batch was read and planned whole: {seen['plans']}"
-    assert not runner.planner.plans[-1].provisional
+    assert not runner.plan_keeper.plans[-1].provisional
     assert store.get_batch(batch_id).completed == 4000
     store.close()
 
@@ -89,7 +93,7 @@ def test_a_joining_batch_is_planned_with_the_waiting_lines_and_nothing_is_tokeni
 
     run_until(runner, second_joins_mid_run, "both batches to complete")
     assert sorted(tokenizer.tokenised) == sorted([*range(1, 1501), *range(1, 501)])
-    last = runner.planner.plans[-1]
+    last = runner.plan_keeper.plans[-1]
     planned_last = {batch for batch in (first, *joined)
                     if any(line.plan_rank >= last.first_rank for line in store.lines(batch))}
     assert not last.provisional and planned_last == {first, *joined}, "the join planned the waiting lines too"

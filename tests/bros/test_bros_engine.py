@@ -29,6 +29,8 @@ from tests.colocation.test_colocation_server import RESET, generate, generate_st
 from tests.conftest import free_port
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.server
+
 SLO_S = 1e-3
 KV_TOKENS = 1024
 MAX_RUNNING = 3

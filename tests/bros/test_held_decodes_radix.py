@@ -21,6 +21,8 @@ from tests.bros.test_bros_launch_and_sim import MODEL
 from tests.colocation.test_colocation_server import plugin_state
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:

@@ -24,6 +24,8 @@ from sgl_blend.sglang_plugin.settings import PluginSettings
 from tests.conftest import free_port
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.server
+
 KV_TOKENS = 4096
 VOCAB = 1024
 RESET = "sgl_blend_reset_records"

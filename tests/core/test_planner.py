@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sgl_blend.core.cost_model import SharingPrice
-from sgl_blend.core.planner import Planner, _outside_longest_non_increasing
+from sgl_blend.core.planner import TreePlanner, _outside_longest_non_increasing
 from sgl_blend.core.prefix_tree import PrefixTree, order_sharing_ratio
 
 # Seconds a cached token saves, on the scale of the tests' hand-made costs (a few seconds per request).
@@ -40,7 +40,7 @@ def build(items) -> tuple[PrefixTree, list[list[int]]]:
 @given(requests, st.sampled_from([0.0, 0.01, 0.2, 1.0]))
 def test_plan_is_a_permutation_and_keeps_sharing_within_t(items, threshold) -> None:
     tree, prompts = build(items)
-    plan = Planner(tree, PRICE, split_threshold=threshold).plan()
+    plan = TreePlanner(tree, PRICE, split_threshold=threshold).plan()
     assert sorted(plan.order) == list(range(len(items)))
     assert 0 <= plan.boundary <= len(plan.order)
     assert plan.sharing_kept >= 1.0 - threshold - 1e-9
@@ -54,7 +54,7 @@ def test_plan_is_a_permutation_and_keeps_sharing_within_t(items, threshold) -> N
 def test_plan_of_a_subset_orders_only_that_subset(items) -> None:
     tree, _prompts = build(items)
     keep = {request for request in range(len(items)) if request % 2 == 0}
-    plan = Planner(tree, PRICE, include=keep.__contains__).plan()
+    plan = TreePlanner(tree, PRICE, include=keep.__contains__).plan()
     assert sorted(plan.order) == sorted(keep)
 
 
@@ -66,10 +66,10 @@ def test_sort_puts_compute_heavy_groups_first_and_split_moves_an_outlier() -> No
     for request in range(10, 20):
         tree.insert(request, shared_b + [100 + request], comp=0.1, mem=1.0)
     tree.insert(20, shared_a + [7, 7], comp=0.01, mem=5.0)
-    unsplit = Planner(tree, PRICE, split_threshold=0.0).plan()
+    unsplit = TreePlanner(tree, PRICE, split_threshold=0.0).plan()
     assert set(unsplit.order[:10]) <= set(range(10)) | {20}
     # the outlier's share of the budget is half (two families) of an eleventh (its siblings)
-    split = Planner(tree, PRICE, split_threshold=2.0).plan()
+    split = TreePlanner(tree, PRICE, split_threshold=2.0).plan()
     assert split.splits >= 1
     assert split.order.index(20) >= split.boundary
     assert set(split.order[: split.boundary]) == set(range(10))
@@ -79,7 +79,7 @@ def test_sort_puts_compute_heavy_groups_first_and_split_moves_an_outlier() -> No
 @given(requests, st.sampled_from([0.0, 0.2]))
 def test_reuse_is_the_prefix_shared_with_the_previous_request(items, threshold) -> None:
     tree, prompts = build(items)
-    plan = Planner(tree, PRICE, split_threshold=threshold).plan()
+    plan = TreePlanner(tree, PRICE, split_threshold=threshold).plan()
     previous: list[int] = []
     for request in plan.order:
         shared = common_prefix(previous, prompts[request])
@@ -99,7 +99,7 @@ def test_a_merged_subtree_keeps_its_insertion_order() -> None:
         tree.insert(request, [9, 9, 100 + request], comp=density, mem=1.0)
     for request in range(6, 12):
         tree.insert(request, [8, 8, 100 + request], comp=20.0, mem=1.0)
-    plan = Planner(tree, PRICE).plan()
+    plan = TreePlanner(tree, PRICE).plan()
     assert plan.order[plan.boundary:] == list(range(6))
 
 
@@ -112,8 +112,8 @@ def test_densities_discount_exactly_the_prefill_that_shared_tokens_save() -> Non
     for request in range(3):
         tree.insert(request, prefix + [10 + request, 1], comp=4.0, mem=2.0)
     saved = price.saving(200, 2 * 100 * 100 / 2)
-    assert Planner(tree, price).plan().root_density == pytest.approx((12.0 - saved) / 6.0)
-    assert Planner(tree, FREE).plan().root_density == pytest.approx(2.0)
+    assert TreePlanner(tree, price).plan().root_density == pytest.approx((12.0 - saved) / 6.0)
+    assert TreePlanner(tree, FREE).plan().root_density == pytest.approx(2.0)
 
 
 def test_sharing_moves_a_few_shot_family_to_the_memory_side() -> None:
@@ -125,8 +125,8 @@ def test_sharing_moves_a_few_shot_family_to_the_memory_side() -> None:
         tree.insert(request, [1] * 400 + [100 + request], comp=5.0, mem=1.0)
     for request in range(10, 20):
         tree.insert(request, [2, 100 + request, 7], comp=3.0, mem=1.0)
-    counted = Planner(tree, price).plan()
-    ignored = Planner(tree, FREE).plan()
+    counted = TreePlanner(tree, price).plan()
+    ignored = TreePlanner(tree, FREE).plan()
     assert set(ignored.order[:10]) == set(range(10))
     assert set(counted.order[:10]) == set(range(10, 20))
 
@@ -143,9 +143,9 @@ def test_a_subtree_splits_only_within_its_share_of_the_budget() -> None:
     tree.insert(20, [1] * 40 + [7], comp=0.01, mem=5.0)
     saved = tree.root.saved
     cost = 40  # the outlier recomputes its family's 40-token prefix
-    short = Planner(tree, FREE, split_threshold=2 * cost / saved).plan()
+    short = TreePlanner(tree, FREE, split_threshold=2 * cost / saved).plan()
     assert short.splits == 0 and not short.monotone
-    enough = Planner(tree, FREE, split_threshold=4 * cost / saved).plan()
+    enough = TreePlanner(tree, FREE, split_threshold=4 * cost / saved).plan()
     assert enough.splits == 1 and enough.monotone
     assert enough.order.index(20) == 20
     assert enough.sharing_kept == pytest.approx(1 - cost / saved)
@@ -160,7 +160,7 @@ def test_split_runs_to_a_non_increasing_order_when_the_budget_allows() -> None:
                5: [3, 3, 15], 6: [3, 3, 16], 7: [3, 4, 17]}
     for request, density in densities.items():
         tree.insert(request, prompts[request], comp=density, mem=1.0)
-    plan = Planner(tree, FREE, split_threshold=1e6).plan()
+    plan = TreePlanner(tree, FREE, split_threshold=1e6).plan()
     assert plan.monotone and plan.rounds >= 2
     left = plan.order[:plan.boundary]
     right = plan.order[plan.boundary:]

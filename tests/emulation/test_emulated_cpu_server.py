@@ -19,6 +19,8 @@ from sgl_blend.forward_time.overlap import hardware_overlap
 from sgl_blend.forward_time.step_time import StepTime
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:

@@ -25,6 +25,8 @@ from sgl_blend.forward_time.step_time import StepTime
 from tests.conftest import free_port
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.server
+
 CHUNK = 8192
 # Llama-3.1-8B priced on the built-in H100 with the two-stream overlap of a stock engine.
 STEP = StepTime.of(CostModel(model_spec("llama-3.1-8b"), HardwareSpec.resolve("h100-sxm")),

@@ -21,7 +21,7 @@ from tests.faults.helpers import all_violations, finished, fresh_store, new_batc
 from tests.faults.runner_process import RunnerConfig
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.server]
 TMPFS_SIZE = "8m"
 # The promise: a full disk shows on the batch within this long.
 VISIBLE_WITHIN_S = 60.0

@@ -23,7 +23,7 @@ from tests.faults.helpers import (KILLED, RUNNER_LIMIT_S, all_violations, fresh_
                                   run_to_the_end)
 from tests.faults.runner_process import RunnerConfig, start_runner
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.server]
 KILLS = 30
 # A point the runner kills itself at; None: the test kills it after a random delay.
 POINTS = ("lines_added", "plan_stored", "results_synced", "before_commit", "after_commit", None)

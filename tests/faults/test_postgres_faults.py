@@ -19,7 +19,7 @@ from tests.faults.helpers import all_violations, finished, new_batch, opened, ru
 from tests.faults.runner_process import RunnerConfig
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.server]
 LINES, MAX_TOKENS = 30, 8
 
 

@@ -26,7 +26,7 @@ from tests.conftest import free_port
 from tests.faults.invariants import violations
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.server]
 API_KEY = "sk-lifetime"
 
 

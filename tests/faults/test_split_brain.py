@@ -18,7 +18,7 @@ from tests.faults.helpers import all_violations, finished, fresh_store, new_batc
 from tests.faults.runner_process import RunnerConfig
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.server]
 LEASE_S = 3.0
 
 

@@ -30,7 +30,7 @@ from tests.batch.helpers import add_batch, chat_lines, run_until
 from tests.faults.invariants import violations
 from tests.waiting import wait_for_async
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.server]
 ROUNDS = 100
 OWNER = "stop-loops"
 

@@ -18,7 +18,7 @@ from tests.batch.helpers import WAIT_LIMIT_S, add_batch, chat_lines, run_until
 from tests.faults.fault_proxy import FAULTS, FaultProxy
 from tests.faults.invariants import violations
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.server]
 LINES = 240
 
 

@@ -45,6 +45,7 @@ def test_the_cache_flags_follow_blending_and_colocation() -> None:
 
 
 @pytest.mark.server
+@pytest.mark.server
 def test_serve_runs_with_mixed_chunk_on(capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     assert main(["serve", "--model", "tiny-llama", "--port", str(port), "--detach", "--no-batch-api"]) == 0

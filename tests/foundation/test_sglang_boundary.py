@@ -86,6 +86,7 @@ def test_sglang_plugin_loader_lets_the_refusal_through() -> None:
     assert f"sgl-blend refuses to start" in loaded.stderr and BOGUS in loaded.stderr
 
 
+@pytest.mark.server
 def test_a_server_on_a_mismatched_sglang_refuses_to_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(EXTRA_TARGET_ENV, BOGUS)
     log = tmp_path / "server.log"

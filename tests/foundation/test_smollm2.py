@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 import re
 
 import openai
 
 from tests.conftest import launch
+
+pytestmark = pytest.mark.server
 
 
 def test_smollm2_answers_a_chat_prompt(tmp_path) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import openai
 import requests
 
 from sgl_blend.launch.supervisor import ServerProcess
+
+pytestmark = pytest.mark.server
 
 
 def test_generate_returns_text(tiny_server: ServerProcess) -> None:

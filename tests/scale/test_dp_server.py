@@ -20,6 +20,8 @@ from tests.batch.helpers import create_batch, jsonl, records, wait_until
 from tests.conftest import free_port
 from tests.scale.lines import family_lines, family_of
 
+pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def dp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:

@@ -30,6 +30,8 @@ from tests.faults.invariants import violations
 from tests.scale.lines import family_lines
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.server
+
 API_KEY = "sk-two-nodes"
 
 

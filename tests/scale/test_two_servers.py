@@ -9,6 +9,8 @@ scheduler finished."""
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 import openai
@@ -22,6 +24,8 @@ from tests.batch.helpers import create_batch, records, wait_until
 from tests.conftest import free_port
 from tests.scale.lines import family_lines
 from tests.waiting import wait_for
+
+pytestmark = pytest.mark.server
 
 
 def test_a_worker_killed_mid_batch_loses_and_duplicates_nothing(tmp_path: Path, postgres_url: str) -> None:

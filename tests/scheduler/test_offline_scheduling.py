@@ -9,7 +9,6 @@ overlap gives blending nothing, so BlendServe must order by prefix and match DFS
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +23,8 @@ from sgl_blend.launch.supervisor import ServerProcess
 from tests.conftest import free_port
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.server
+
 KV_TOKENS = "8192"
 GROUPS = 16
 ONLINE_REQUESTS = 6
@@ -31,9 +32,12 @@ ONLINE_REQUESTS = 6
 
 @dataclass
 class OnlineAnswer:
+    """An online answer, and how many offline results the job had written when it was sent and
+    when it came back."""
+
     text: str
-    sent_at: float
-    answered_at: float
+    results_when_sent: int
+    results_when_answered: int
 
 
 @dataclass
@@ -42,17 +46,11 @@ class PolicyRun:
     totals: JobTotals
     plugin: dict[str, Any]
     online: list[OnlineAnswer] = field(default_factory=list)
-    # When the job had written its first offline result (as the online requests started), and
-    # its last: the output file's modification times then and after the job.
-    first_offline_at: float | None = None
-    last_offline_at: float | None = None
 
 
-def first_result_written(output: Path) -> float | None:
-    """The output file's modification time once the job has written a result to it."""
-    if not output.exists() or b"\n" not in output.read_bytes():
-        return None
-    return output.stat().st_mtime
+def results_written(output: Path) -> int:
+    """Whole result lines the job has written so far."""
+    return output.read_bytes().count(b"\n") if output.exists() else 0
 
 
 def online_chat(run: PolicyRun, output: Path) -> Callable[[ServerProcess], None]:
@@ -60,14 +58,15 @@ def online_chat(run: PolicyRun, output: Path) -> Callable[[ServerProcess], None]
     finished its first offline line, so that they compete with the job; each answer's time."""
 
     def send(server: ServerProcess) -> None:
-        run.first_offline_at = wait_for(lambda: first_result_written(output), "the job's first offline result")
+        wait_for(lambda: results_written(output), "the job's first offline result")
         for index in range(ONLINE_REQUESTS):
-            sent_at = time.time()
+            sent = results_written(output)
             response = requests.post(f"{server.base_url}/v1/chat/completions", timeout=300, json={
                 "model": "default", "messages": [{"role": "user", "content": f"online question {index}"}],
                 "max_tokens": 8, "temperature": 0})
             response.raise_for_status()
-            run.online.append(OnlineAnswer(response.json()["choices"][0]["message"]["content"], sent_at, time.time()))
+            run.online.append(OnlineAnswer(response.json()["choices"][0]["message"]["content"], sent,
+                                           results_written(output)))
 
     return send
 
@@ -79,7 +78,6 @@ def run_policy(policy: str, batch_file: Path, work: Path) -> PolicyRun:
         "tiny-llama", policy, batch_file, output, work / "errors.jsonl",
         sglang_args=["--port", str(free_port()), "--max-total-tokens", KV_TOKENS], server_log=work / "server.log",
         options=JobOptions(show_progress=False), while_running=online_chat(run, output) if policy == "blendserve" else None)
-    run.last_offline_at = output.stat().st_mtime
     for record in iter_jsonl(output):
         assert record["custom_id"] not in run.texts, f"{record['custom_id']} answered twice"
         run.texts[record["custom_id"]] = record["response"]["body"]["choices"][0]["text"]
@@ -134,7 +132,6 @@ def test_online_requests_complete_during_the_job(runs: dict[str, PolicyRun]) -> 
     one: online traffic is served while the job runs, not queued behind it."""
     run = runs["blendserve"]
     assert len(run.online) == ONLINE_REQUESTS and all(answer.text for answer in run.online)
-    assert run.first_offline_at is not None and run.last_offline_at is not None
+    total = len(run.texts)
     for answer in run.online:
-        assert run.first_offline_at <= answer.sent_at < answer.answered_at < run.last_offline_at, \
-            (answer, run.first_offline_at, run.last_offline_at)
+        assert 0 < answer.results_when_sent <= answer.results_when_answered < total, (answer, total)

@@ -26,6 +26,8 @@ from sgl_blend.jobs.run_batch import JobOptions, JobTotals
 from sgl_blend.sglang_plugin.settings import configured_hardware
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.server
+
 LINES = 5000
 MODEL, DEVICE, HARDWARE = "llama-3.1-8b", "h100", "h100-sxm"
 CHUNK = 8192  # SGLang's chunked-prefill size on an 80 GB GPU, which the emulated server gets

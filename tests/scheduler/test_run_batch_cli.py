@@ -4,6 +4,8 @@ error file and the job goes on; radix nodes carry the annotations."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import signal
 import subprocess
@@ -15,6 +17,8 @@ import psutil
 from sgl_blend.workloads.batch_files import sharegpt_lines, write_jsonl
 from tests.conftest import free_port
 from tests.waiting import wait_for
+
+pytestmark = pytest.mark.server
 
 
 def command(batch: Path, output: Path, max_inflight: int = 1024) -> list[str]:
