@@ -31,27 +31,31 @@ MEMORY_TOP = 2**40
 
 class LinePlanner:
     """Plans batch lines for one model on one device. ``blend`` defaults to what the device's
-    measured overlap allows (`HardwareSpec.blending_pays`)."""
+    measured overlap allows (`HardwareSpec.blending_pays`); ``one_cursor`` places every line on
+    the compute side, to be walked from its compute-heavy end (an ablation's plan)."""
 
-    def __init__(self, cost_model: CostModel, blend: bool | None = None) -> None:
+    def __init__(self, cost_model: CostModel, blend: bool | None = None, one_cursor: bool = False) -> None:
         self.cost_model = cost_model
         self.blend = cost_model.hardware.blending_pays if blend is None else blend
+        self.one_cursor = one_cursor
 
     @classmethod
     def for_policy(cls, policy: str, cost_model: CostModel) -> LinePlanner | None:
         """The planner an offline policy feeds by (the registry's ``planned`` entries, blending
-        where the entry says the device decides); other policies get none."""
+        where the entry says the device decides, with one cursor where it says so); other
+        policies get none."""
         entry = REGISTRY[policy]
         if not entry.planned:
             return None
-        return cls(cost_model, blend=None if entry.blends else False)
+        return cls(cost_model, blend=None if entry.blends else False, one_cursor=entry.one_cursor)
 
     def plan(self, items: Sequence[WorkItem], observed: Mapping[Hashable, tuple[WorkItem, int]] | None = None,
              sample_rate: float | None = None) -> BatchPlan:
         """The plan of ``items``; ``observed`` holds the samples that already ran; ``sample_rate``
         None keeps the core's default (0: choose no samples)."""
         options = {} if sample_rate is None else {"sample_rate": sample_rate}
-        return plan_batch(items, self.cost_model, blend=self.blend, observed=observed, **options)
+        return plan_batch(items, self.cost_model, blend=self.blend, one_cursor=self.one_cursor, observed=observed,
+                          **options)
 
 
 class RankSpace:

@@ -46,11 +46,13 @@ class BatchPlan:
         return any(placement.side == MEMORY for placement in self.placements.values())
 
 
-def plan_batch(items: Sequence[WorkItem], cost_model: CostModel, *, blend: bool,
+def plan_batch(items: Sequence[WorkItem], cost_model: CostModel, *, blend: bool, one_cursor: bool = False,
                sample_rate: float = DEFAULT_SAMPLE_RATE, observed: Mapping[Hashable, tuple[WorkItem, int]] | None = None,
                seed: int = 0) -> BatchPlan:
     """Plan ``items``. ``observed``: samples that already ran (key -> (item, output length)),
-    whose lengths refine the estimates; when given, nothing is sampled again."""
+    whose lengths refine the estimates; when given, nothing is sampled again. ``one_cursor`` keeps
+    the order and puts every line on the compute side: one cursor walks it from its compute-heavy
+    end, and lines are fed in that order."""
     tree = PrefixTree()
     rate = sample_rate if blend and observed is None else 0.0
     estimator = OutputLengthEstimator(tree, rate, seed)
@@ -78,6 +80,8 @@ def plan_batch(items: Sequence[WorkItem], cost_model: CostModel, *, blend: bool,
     else:
         order = [index for index in tree.dfs_order() if include(index)]
         boundary, reuse = len(order), {}
+    if one_cursor:
+        boundary = len(order)
     placements: dict[Hashable, Placement] = {}
     for position, index in enumerate(samples):
         placements[keys[index]] = _placement(tree, estimator, price, index, 0, SAMPLE, position, None)

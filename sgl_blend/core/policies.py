@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Callable, Iterable
 
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
@@ -61,8 +62,12 @@ class PlannedPolicy(ABC):
     computes_prefixes_once = False
 
     def __init__(self, cost_model: CostModel, *, seed: int = 0, replan_fraction: float = REPLAN_FRACTION,
-                 sample_rate: float | None = None, paced: bool | None = None, batches_in_flight: int = 1) -> None:
+                 sample_rate: float | None = None, paced: bool | None = None, batches_in_flight: int = 1,
+                 one_cursor: bool = False) -> None:
         self.cost_model = cost_model
+        # ``one_cursor`` walks the whole order from its compute-heavy end, with no memory side:
+        # BlendServe's order without its dual scan (the ablation that shows what blending adds).
+        self.one_cursor = one_cursor
         # Forwards between a request's admission and the radix cache holding its prompt: 1 when
         # the engine processes each batch's result before it schedules the next (the simulator);
         # 2 under SGLang's overlap scheduler, which schedules the next batch while the previous
@@ -180,8 +185,11 @@ class PlannedPolicy(ABC):
         for state in self._requests.values():
             state.reuse = plan.reuse.get(state.index)
             state.unplanned = False
+        beyond = self._beyond(plan)
+        if self.one_cursor:
+            plan, beyond = replace(plan, boundary=len(plan.order)), {COMPUTE: sum(beyond.values())}
         scanner = DualScanner(plan.order, plan.boundary, self.capacity, self.load, paced=self.paces_prefill,
-                              beyond=self._beyond(plan))
+                              beyond=beyond)
         if self.scanner is not None:
             scanner.carry_over(self.scanner)
         self.scanner = scanner

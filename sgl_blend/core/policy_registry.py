@@ -5,8 +5,9 @@ from here, so a name means one ordering wherever it is given. ``fcfs`` is the pl
 order in every surface (the same pool, prefill cap and engine flags as BlendServe), never
 SGLang's ordering with the plugin off; ``lpm``, ``sglang-fcfs`` and ``sglang-dfs-weight`` are
 SGLang's own orders, which the engine runs itself (the plugin's pool stays out), so a user can
-compare BlendServe with them on the same engine; the simulator models ``lpm``. Ablation variants
-exist only in the simulator.
+compare BlendServe with them on the same engine; the simulator models ``lpm``. BlendServe's two
+ablations run everywhere, with BlendServe's plan, pool and engine flags, so a report can show on the
+engine what each of its mechanisms adds; the other ablations exist only in the simulator.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ class PolicyEntry:
     ``planned``: run-batch and the Batch API plan every line before the engine sees it.
     ``blends``: the plan blends compute- and memory-heavy work where the device's measured overlap
     lets blending pay (else it is the DFS order with one cursor).
-    ``base``/``paced``/``shuffled``: a simulator ablation of another entry."""
+    ``base``/``paced``/``one_cursor``/``shuffled``: an ablation of another entry -- its policy
+    with pacing set to ``paced`` (None: the base's own), its plan's order walked by one cursor
+    from the compute-heavy end (no dual scan), or its lines submitted in a seeded shuffle."""
 
     name: str
     summary: str
@@ -35,12 +38,18 @@ class PolicyEntry:
     blends: bool = False
     base: str | None = None
     paced: bool | None = None
+    one_cursor: bool = False
     shuffled: bool = False
 
     @property
     def core_policy(self) -> str:
         """The core policy class that runs this entry."""
         return self.base or self.name
+
+    def policy_options(self) -> dict[str, bool]:
+        """What the entry sets on its core policy (`PlannedPolicy`'s keywords)."""
+        options = {} if self.paced is None else {"paced": self.paced}
+        return {**options, "one_cursor": True} if self.one_cursor else options
 
 
 ENTRIES = (
@@ -61,9 +70,12 @@ ENTRIES = (
     PolicyEntry("off", "the plugin leaves ordering to SGLang (its --schedule-policy)", frozenset((SERVE,)),
                 in_plugin=False, sglang_schedule=None),
     PolicyEntry("dfs+pacing", "ablation: DFS order admitted at BlendServe's pace", frozenset((SIM,)),
-                base="dfs", paced=True),
-    PolicyEntry("blendserve-order", "ablation: BlendServe's order without its pacing", frozenset((SIM,)),
-                base="blendserve", paced=False),
+                planned=True, base="dfs", paced=True),
+    PolicyEntry("blendserve-order", "ablation: BlendServe's order and dual scan without its pacing", EVERYWHERE,
+                planned=True, blends=True, base="blendserve", paced=False),
+    PolicyEntry("blendserve-serial", "ablation: BlendServe's order walked by one cursor from its compute-heavy end, "
+                "without its dual scan and pacing (what blending itself adds)", EVERYWHERE,
+                planned=True, blends=True, base="blendserve", paced=False, one_cursor=True),
     PolicyEntry("fcfs-shuffled", "ablation: arrival order over a seeded shuffle of the workload", frozenset((SIM,)),
                 base="fcfs", shuffled=True),
 )

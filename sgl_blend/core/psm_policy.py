@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Sequence
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.planner import Plan
 from sgl_blend.core.policies import PlannedPolicy, make_policy
+from sgl_blend.core.policy_registry import REGISTRY
 
 DEFAULT_UTILITY = 0.9
 
@@ -62,7 +63,15 @@ class PSMPolicy(PlannedPolicy):
 
 
 def make_offline_policy(name: str, model: ModelSpec, hardware: HardwareSpec, **options) -> PlannedPolicy:
-    """`make_policy`, plus ``psm`` (options: ``utility``)."""
-    if name == PSMPolicy.name:
-        return PSMPolicy(CostModel(model, hardware), **options)
-    return make_policy(name, model, hardware, **options)
+    """The policy the registry names ``name`` -- `make_policy`'s, ``psm`` (options: ``utility``), or
+    an ablation: its base policy with the entry's options, named ``name`` so that what it reports
+    says which it was."""
+    entry = REGISTRY.get(name)
+    core = entry.core_policy if entry is not None else name
+    options = {**(entry.policy_options() if entry is not None else {}), **options}
+    if core == PSMPolicy.name:
+        policy = PSMPolicy(CostModel(model, hardware), **options)
+    else:
+        policy = make_policy(core, model, hardware, **options)
+    policy.name = name
+    return policy

@@ -23,7 +23,6 @@ from collections import deque
 from typing import Hashable, Iterable, Sequence
 
 from sgl_blend.batch_lines.plan import LinePlanner, RankSpace
-from sgl_blend.core.batch_plan import plan_batch
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.core.placement import Placement
 from sgl_blend.core.protocol import OfflineRequest
@@ -76,8 +75,7 @@ class RunnerFeed:
         that the plan does not cover (samples)."""
         if not unsent:
             return
-        plan = plan_batch([self.items[index] for index in unsent], self.line_planner.cost_model, blend=self.line_planner.blend,
-                          observed=self.observed or None, sample_rate=0.0)
+        plan = self.line_planner.plan([self.items[index] for index in unsent], self.observed or None, sample_rate=0.0)
         self.placements.update(self.ranks.place(plan))
         covered = set(unsent)
         self.queue = deque([index for index in self.queue if index not in covered] + list(plan.feed))

@@ -5,11 +5,14 @@ order is planned over the whole batch before anything is sent, and its lines go 
 plan order through the runner's window, each with its placement, for the policy inside the engine
 to admit by; other orders go in file order. Every policy runs on the same engine, cost model and
 limits; only the order, the plan and whether the engine's policy paces prefill differ. The core's
-policies come from `make_policy`; SGLang's LPM is the simulator's own. Ablation variants separate
-BlendServe's two mechanisms, so neither can take credit for the other:
+policies come from `make_offline_policy`, as the plugin builds them; SGLang's LPM is the
+simulator's own. Ablation variants separate BlendServe's mechanisms, so none can take credit for
+another:
 
 - ``dfs+pacing``: DFS order with BlendServe's Alg. 3 prefill pacing;
 - ``blendserve-order``: BlendServe's order (sort, split, dual scan) without the pacing;
+- ``blendserve-serial``: BlendServe's order (sort, split) walked by one cursor, without its dual
+  scan and pacing: what blending itself adds;
 - ``fcfs-shuffled``: FCFS over a seeded shuffle of the submission order (NanoFlow-Balance).
 """
 
@@ -20,7 +23,8 @@ from typing import Callable, Sequence
 
 from sgl_blend.batch_lines.plan import LinePlanner
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
-from sgl_blend.core.policies import PlannedPolicy, make_policy
+from sgl_blend.core.policies import PlannedPolicy
+from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.core.policy_registry import SIM, lookup, names_for
 from sgl_blend.sim.engine import EngineConfig, SimEngine
 from sgl_blend.sim.feed import RunnerFeed, runner_window
@@ -33,14 +37,11 @@ SIM_POLICIES = names_for(SIM)
 
 
 def make_sim_policy(name: str, model: ModelSpec, hardware: HardwareSpec, seed: int = 0) -> PlannedPolicy:
-    """The policy (or ablation variant) ``name``, renamed to ``name`` so results say which."""
+    """The policy (or ablation variant) ``name``, as the plugin builds it (`make_offline_policy`)."""
     entry = lookup(name, SIM)
     if entry.name == SGLangLPMPolicy.name:
         return SGLangLPMPolicy(CostModel(model, hardware), seed=seed)
-    options = {} if entry.paced is None else {"paced": entry.paced}
-    policy = make_policy(entry.core_policy, model, hardware, seed=seed, **options)
-    policy.name = name
-    return policy
+    return make_offline_policy(name, model, hardware, seed=seed)
 
 
 def submission_order(requests: Sequence[SimRequest], policy_name: str, seed: int) -> list[SimRequest]:
@@ -61,6 +62,6 @@ def simulate(requests: Sequence[SimRequest], policy_name: str, model: ModelSpec,
     cost = CostModel(model, hardware)
     engine = SimEngine(cost, make_sim_policy(policy_name, model, hardware, seed), overlap, config, also_price)
     ordered = submission_order(requests, policy_name, seed)
-    planner = LinePlanner.for_policy(lookup(policy_name, SIM).core_policy, cost)
+    planner = LinePlanner.for_policy(policy_name, cost)
     feed = RunnerFeed(ordered, planner, window or runner_window(ordered, config, engine.capacity), seed)
     return engine.run(ordered, feed, on_finish)
