@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 from sgl_blend.batch_lines.plan import LinePlanner
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.policies import PlannedPolicy
-from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.core.policy_registry import SIM, lookup, names_for
+from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.sim.engine import EngineConfig, SimEngine
 from sgl_blend.sim.feed import RunnerFeed, runner_window
 from sgl_blend.sim.lpm_policy import SGLangLPMPolicy

@@ -286,4 +286,5 @@ def test_the_commitment_bound_never_falls_below_the_peak() -> None:
         assert commitment_bound(tracks) >= peak_commitment(tracks) - 1e-6
         assert commitment_bound(tracks[:1]) == pytest.approx(peak_commitment(tracks[:1]))
         fresh = [(track_load, 0) for track_load, _decoded in tracks]
-        assert sum(track_load.last_commitment() for track_load, _zero in fresh) == pytest.approx(commitment_bound(fresh))
+        lasts = sum(track_load.last_commitment() for track_load, _zero in fresh)
+        assert lasts == pytest.approx(commitment_bound(fresh))

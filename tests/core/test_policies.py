@@ -129,7 +129,7 @@ def _dfs_policy(batches_in_flight: int, requests: list[OfflineRequest]) -> Plann
 
 
 @pytest.mark.parametrize("batches_in_flight", [1, 2])
-def test_a_request_waits_until_the_forward_computing_its_shared_prefix_has_been_processed(batches_in_flight: int) -> None:
+def test_a_request_waits_until_the_forward_computing_its_shared_prefix_is_processed(batches_in_flight: int) -> None:
     """DFS admits the first of two requests sharing a prefix and holds the second until the
     first's prefix is in the radix cache: one processed forward later when the engine processes
     each result before scheduling, two under SGLang's overlap scheduler (the second would else be
