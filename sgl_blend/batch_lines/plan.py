@@ -17,11 +17,12 @@ lowest position and the memory side from its highest, takes what it already hold
 from __future__ import annotations
 
 import dataclasses
-from typing import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from sgl_blend.core.batch_plan import BatchPlan, plan_batch
+from sgl_blend.core.batch_plan import K, BatchPlan, plan_batch
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.core.dp_shares import WorkItem
+from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE
 from sgl_blend.core.placement import MEMORY, Placement
 from sgl_blend.core.policy_registry import REGISTRY
 
@@ -49,13 +50,13 @@ class LinePlanner:
             return None
         return cls(cost_model, blend=None if entry.blends else False, one_cursor=entry.one_cursor)
 
-    def plan(self, items: Sequence[WorkItem], observed: Mapping[Hashable, tuple[WorkItem, int]] | None = None,
-             sample_rate: float | None = None) -> BatchPlan:
+    def plan(self, items: Sequence[WorkItem[K]], observed: Mapping[K, tuple[WorkItem, int]] | None = None,
+             sample_rate: float | None = None) -> BatchPlan[K]:
         """The plan of ``items``; ``observed`` holds the samples that already ran; ``sample_rate``
         None keeps the core's default (0: choose no samples)."""
-        options = {} if sample_rate is None else {"sample_rate": sample_rate}
+        rate = DEFAULT_SAMPLE_RATE if sample_rate is None else sample_rate
         return plan_batch(items, self.cost_model, blend=self.blend, one_cursor=self.one_cursor, observed=observed,
-                          **options)
+                          sample_rate=rate)
 
 
 class RankSpace:
@@ -78,13 +79,13 @@ class RankSpace:
             else:
                 self.next_compute = max(self.next_compute, placement.position + 1)
 
-    def place(self, plan: BatchPlan, prompts: Mapping[Hashable, str] | None = None) -> dict[Hashable, Placement]:
+    def place(self, plan: BatchPlan[K], prompts: Mapping[K, str] | None = None) -> dict[K, Placement]:
         """``plan``'s placements renumbered after every earlier plan's, each with the digest of the
         prompt ids it was planned on (``prompts``, by key) where given."""
         prompts = prompts or {}
         memory = [key for key, placement in plan.placements.items() if placement.side == MEMORY]
         top = max((plan.placements[key].position for key in memory), default=0)
-        placed = {}
+        placed: dict[K, Placement] = {}
         for key, placement in plan.placements.items():
             if placement.side == MEMORY:
                 position = self.next_memory - (top - placement.position)

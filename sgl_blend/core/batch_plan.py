@@ -16,8 +16,9 @@ is the tree's DFS order with one cursor and no samples: the best an order can do
 from __future__ import annotations
 
 import heapq
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping, Sequence
+from typing import Generic, TypeVar
 
 from sgl_blend.core.cost_model import CostModel, SharingPrice, memory_partition, shared_density
 from sgl_blend.core.dp_shares import WorkItem
@@ -28,16 +29,18 @@ from sgl_blend.core.prefix_tree import PrefixTree
 
 NEVER = 1e300  # the admission gap of a side with no memory share: fed after everything else
 
+K = TypeVar("K", bound=Hashable)  # the caller's key for a request (`WorkItem.key`)
+
 
 @dataclass
-class BatchPlan:
+class BatchPlan(Generic[K]):
     """``feed``: every key in the order to send it (samples first); ``placements``: each key's
     place; ``memory_share``: the fraction of KV the memory side is planned to hold; ``order``: the
     planner's account of its sort and split (None where the plan does not blend)."""
 
-    feed: list[Hashable]
-    placements: dict[Hashable, Placement]
-    samples: list[Hashable] = field(default_factory=list)
+    feed: list[K]
+    placements: dict[K, Placement]
+    samples: list[K] = field(default_factory=list)
     memory_share: float = 0.0
     order: Plan | None = None
 
@@ -46,9 +49,9 @@ class BatchPlan:
         return any(placement.side == MEMORY for placement in self.placements.values())
 
 
-def plan_batch(items: Sequence[WorkItem], cost_model: CostModel, *, blend: bool, one_cursor: bool = False,
-               sample_rate: float = DEFAULT_SAMPLE_RATE, observed: Mapping[Hashable, tuple[WorkItem, int]] | None = None,
-               seed: int = 0) -> BatchPlan:
+def plan_batch(items: Sequence[WorkItem[K]], cost_model: CostModel, *, blend: bool, one_cursor: bool = False,
+               sample_rate: float = DEFAULT_SAMPLE_RATE, observed: Mapping[K, tuple[WorkItem, int]] | None = None,
+               seed: int = 0) -> BatchPlan[K]:
     """Plan ``items``. ``observed``: samples that already ran (key -> (item, output length)),
     whose lengths refine the estimates; when given, nothing is sampled again. ``one_cursor`` keeps
     the order and puts every line on the compute side: one cursor walks it from its compute-heavy
@@ -82,7 +85,7 @@ def plan_batch(items: Sequence[WorkItem], cost_model: CostModel, *, blend: bool,
         boundary, reuse = len(order), {}
     if one_cursor:
         boundary = len(order)
-    placements: dict[Hashable, Placement] = {}
+    placements: dict[K, Placement] = {}
     for position, index in enumerate(samples):
         placements[keys[index]] = _placement(tree, estimator, price, index, 0, SAMPLE, position, None)
     for rank, index in enumerate(order):

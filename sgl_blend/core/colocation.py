@@ -218,8 +218,8 @@ def online_shape(running: Sequence[RunningRequest], waiting: Sequence[WaitingOnl
     for request in running:
         if request.online:
             shape = shape.with_decode(request.context)
-    for request in waiting:
-        shape = shape.with_prefill(request.prompt_tokens)
+    for prompt in waiting:
+        shape = shape.with_prefill(prompt.prompt_tokens)
     return shape
 
 
@@ -254,15 +254,21 @@ class ColocationController:
         config = self.config
         if config.mode != "echo" and config.headroom_s is None:
             return config.latency_budget_s
+        assert model is not None, "ColocationConfig requires a latency model for echo and a headroom"
         online_s = model.predict(online_shape(view.running, view.waiting_online))
         decoding = any(request.online for request in view.running)
         if config.mode == "echo":
-            slack = deadline_budget(view.now, view.running, view.waiting_online, config.ttft_slo_s,
-                                    config.tpot_slo_s, config.idle_budget_s)
+            ttft_s, tpot_s = config.ttft_slo_s, config.tpot_slo_s
+            assert ttft_s is not None and tpot_s is not None, "ColocationConfig requires both in echo mode"
+            slack = deadline_budget(view.now, view.running, view.waiting_online, ttft_s, tpot_s,
+                                    config.idle_budget_s)
             if not (decoding or view.waiting_online):
                 return slack
-            return echo_budget(slack, online_s, config.tpot_slo_s)
-        return hygen_budget(view.now, online_s, decoding, view.waiting_online, config.headroom_s,
+            assert slack is not None, "an online request present always has a slack"
+            return echo_budget(slack, online_s, tpot_s)
+        headroom_s = config.headroom_s
+        assert headroom_s is not None, "only echo or a headroom comes this far"
+        return hygen_budget(view.now, online_s, decoding, view.waiting_online, headroom_s,
                             config.tpot_slo_s, config.ttft_slo_s, config.idle_budget_s)
 
     def offline_memory(self, view: IterationView) -> tuple[int, int, int]:
@@ -294,12 +300,12 @@ class ColocationController:
         for request in view.running:
             if request.online:
                 budget.add_online_decode(request.context)
-        for request in view.waiting_online:
-            budget.add_online_prefill(request.prompt_tokens)
+        for waiting in view.waiting_online:
+            budget.add_online_prefill(waiting.prompt_tokens)
         plan = IterationPlan(budget, online_reserve=reserve, calibration=self.calibration)
         plan.unpin_tokens = min(deficit, view.parked_tokens)
         deficit -= plan.unpin_tokens
-        budget.offline_memory += plan.unpin_tokens
+        budget.free_offline_memory(plan.unpin_tokens)
         offline = [request for request in view.running if not request.online]
         if self.config.mode == "echo":
             self._echo_running(plan, offline, deficit)
@@ -308,7 +314,7 @@ class ColocationController:
             preempted = offline.pop()
             plan.preempt.append(preempted.rid)
             deficit -= preempted.context + preempted.reserved
-            budget.offline_memory += preempted.context + preempted.reserved
+            budget.free_offline_memory(preempted.context + preempted.reserved)
         for position, request in enumerate(offline):
             if not budget.try_offline_decode(request.context):
                 plan.park = [parked.rid for parked in offline[position:]]
@@ -322,7 +328,7 @@ class ColocationController:
         preempted = echo_plan.preempt_for_memory(offline, deficit)
         plan.preempt = [adjustment.rid for adjustment in preempted]
         gone = set(plan.preempt)
-        budget.offline_memory += sum(r.context + r.reserved for r in offline if r.rid in gone)
+        budget.free_offline_memory(sum(r.context + r.reserved for r in offline if r.rid in gone))
         decodes = echo_plan.keep_decodes(budget, [r for r in offline if r.rid not in gone])
         plan.park = [adjustment.rid for adjustment in decodes if adjustment.kind == echo_plan.PARK_DECODE]
         plan.echo = echo_plan.EchoChoices(preempted + decodes, predicted_s=budget.predicted_s())
@@ -339,6 +345,7 @@ class ColocationController:
         candidates, from the first, the selector weighs. A request this plan has just preempted or
         parked does not come back in the same iteration."""
         choices = plan.echo
+        assert choices is not None, "begin sets plan.echo in echo mode, the only mode that calls this"
         taken_out = {*plan.preempt, *plan.park}
         candidates = [candidate for candidate in candidates if candidate.rid not in taken_out]
         scratch = copy.copy(plan.budget)

@@ -134,7 +134,10 @@ class HardwareSpec:
     @classmethod
     def resolve(cls, name_or_path: str) -> HardwareSpec:
         """A built-in device (optionally ``NAMExTP``, e.g. ``a100-80gx8``) or a profile JSON."""
-        base, tp = re.fullmatch(r"(.+?)(?:x(\d+))?", name_or_path).groups()
+        match = re.fullmatch(r"(.+?)(?:x(\d+))?", name_or_path)
+        if match is None:  # only the empty name fails to match
+            raise ValueError(f"unknown hardware {name_or_path!r}: not one of {', '.join(BUILTIN_HARDWARE)} nor a file")
+        base, tp = match.groups()
         if base in BUILTIN_HARDWARE:
             return BUILTIN_HARDWARE[base].scaled(int(tp) if tp else 1)
         path = Path(name_or_path)

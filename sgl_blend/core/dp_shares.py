@@ -19,8 +19,9 @@ request has run; each rank's own scheduler still samples and adapts within its s
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Generic, TypeVar
 
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.core.dp_partition import Partition, partition_order
@@ -29,23 +30,27 @@ from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, TreePlanner
 from sgl_blend.core.prefix_tree import PrefixTree
 
 
-@dataclass(frozen=True)
-class WorkItem:
-    """One request to place: its prompt's token ids and its output-length bound."""
+K = TypeVar("K", bound=Hashable)
 
-    key: int
+
+@dataclass(frozen=True)
+class WorkItem(Generic[K]):
+    """One request to place: its prompt's token ids and its output-length bound. ``key`` is the
+    caller's name for it (a line's index, or its ``(file, line)``)."""
+
+    key: K
     prompt_ids: Sequence[int]
     max_new_tokens: int
     exact_output_len: bool = False
 
 
 @dataclass
-class DPShares:
+class DPShares(Generic[K]):
     """``shares[i]`` holds the keys rank i runs, in plan order; ``work`` is each share's
     predicted time; ``lost_tokens_per_cut`` the shared prefix tokens each cut costs (both sides
     of a cut together)."""
 
-    shares: list[list[int]]
+    shares: list[list[K]]
     work: list[float]
     lost_tokens_per_cut: list[int]
     shared_tokens: int
@@ -60,14 +65,14 @@ class DPShares:
         return sum(self.lost_tokens_per_cut) / self.shared_tokens if self.shared_tokens else 0.0
 
 
-def plan_shares(items: Iterable[WorkItem], k: int, cost_model: CostModel, *,
-                split_threshold: float = DEFAULT_SPLIT_THRESHOLD, contiguous: bool = False) -> DPShares:
+def plan_shares(items: Iterable[WorkItem[K]], k: int, cost_model: CostModel, *,
+                split_threshold: float = DEFAULT_SPLIT_THRESHOLD, contiguous: bool = False) -> DPShares[K]:
     """Assign every item to one of ``k`` shares (see the module docstring)."""
     if k < 1:
         raise ValueError("k must be at least 1")
     tree = PrefixTree()
     estimator = OutputLengthEstimator(tree, sample_rate=0.0)
-    keys: list[int] = []
+    keys: list[K] = []
     for index, item in enumerate(items):
         keys.append(item.key)
         estimator.register(index, item.max_new_tokens, item.exact_output_len)
@@ -107,5 +112,7 @@ def _shared_prefix(tree: PrefixTree, a: int, b: int) -> int:
     ancestors = {id(node) for node in tree.path(tree.node_of[a])}
     node = tree.node_of[b]
     while id(node) not in ancestors:
-        node = node.parent
+        parent = node.parent
+        assert parent is not None, "the root is an ancestor of every node"
+        node = parent
     return min(node.prefix_len(), tree.prompt_len[a], tree.prompt_len[b])

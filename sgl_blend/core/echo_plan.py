@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from sgl_blend.core.iteration_budget import IterationBudget, RunningRequest
-from sgl_blend.core.latency_model import LatencyModel
+from sgl_blend.core.latency_model import Predictor
 
 # How many candidates, in the offline policy's order, the selector weighs per iteration (in the
 # engine each is also matched against the radix cache every prefill iteration). Measured with
@@ -173,6 +173,7 @@ def keep_decodes(budget: IterationBudget, offline: Sequence[RunningRequest]) -> 
     if budget.try_offline_decodes([request.context for request in offline]):
         return [Adjustment(KEEP_DECODE, request.rid, request.context, benefit=1) for request in offline]
     model = budget.model
+    assert model is not None, "without a model every decode fits, and try_offline_decodes said so"
     base_batch = budget.batch
     base = model.predict(base_batch)
     marginal = {request.rid: model.predict(base_batch.with_decode(request.context)) - base for request in offline}
@@ -185,7 +186,7 @@ def keep_decodes(budget: IterationBudget, offline: Sequence[RunningRequest]) -> 
     return adjustments
 
 
-def add_prefills(budget: IterationBudget, model: LatencyModel | None, candidates: Sequence[OfflineCandidate], *,
+def add_prefills(budget: IterationBudget, model: Predictor | None, candidates: Sequence[OfflineCandidate], *,
                  truncate: bool, window: int = CANDIDATE_WINDOW) -> list[Adjustment]:
     """Admit candidates into ``budget`` (which is charged), best marginal ``benefit / Δtime``
     first, while a whole remaining prompt fits; then, if ``truncate``, one chunk of the best-ranked
@@ -234,10 +235,10 @@ def _minimal_chunk_fits(budget: IterationBudget, candidate: OfflineCandidate) ->
     if budget.model is None:
         return True
     floor = min(candidate.extend, budget.min_offline_chunk)
-    return budget.model.predict(budget.batch.with_prefill(floor, candidate.prefix)) <= budget.latency_s
+    return budget.model.predict(budget.batch.with_prefill(floor, candidate.prefix)) <= budget.limit_s
 
 
-def _marginal_s(model: LatencyModel | None, budget: IterationBudget, base: float, extend: int,
+def _marginal_s(model: Predictor | None, budget: IterationBudget, base: float, extend: int,
                 prefix: int) -> float | None:
     return model.predict(budget.batch.with_prefill(extend, prefix)) - base if model is not None else None
 

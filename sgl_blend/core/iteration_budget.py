@@ -7,10 +7,11 @@ lives here, below both, so that the selector needs nothing of the controller.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from sgl_blend.core.latency_model import BatchShape, LatencyModel, max_prefill
+from sgl_blend.core.latency_model import BatchShape, LatencyModel, Predictor, max_prefill
 
 DEFAULT_MIN_OFFLINE_CHUNK = 16
 
@@ -51,10 +52,12 @@ class IterationBudget:
     never creates a decode iteration the budget would have to skip again.
     """
 
-    def __init__(self, model: LatencyModel | None, latency_s: float | None, chunk_tokens: int | None,
+    def __init__(self, model: Predictor | None, latency_s: float | None, chunk_tokens: int | None,
                  offline_memory: int | None, min_offline_chunk: int = DEFAULT_MIN_OFFLINE_CHUNK) -> None:
         self.model = model if latency_s is not None else None
         self.latency_s = latency_s
+        # what a prediction is held to: read only while ``model`` is set, which takes a latency_s
+        self.limit_s = latency_s if latency_s is not None else math.inf
         self.chunk_left = chunk_tokens
         self.offline_memory = offline_memory
         self.min_offline_chunk = min_offline_chunk
@@ -85,7 +88,7 @@ class IterationBudget:
             self._charge_chunk(1)
             return True
         batch = self.batch.with_decode(context)
-        if self.model.predict(batch) > self.latency_s:
+        if self.model.predict(batch) > self.limit_s:
             return False
         self.batch = batch
         self.decodes = self.decodes.with_decode(context + 1)
@@ -102,7 +105,7 @@ class IterationBudget:
         for context in contexts:
             batch = batch.with_decode(context)
             decodes = decodes.with_decode(context + 1)
-        if self.model.predict(batch) > self.latency_s:
+        if self.model.predict(batch) > self.limit_s:
             return False
         self.batch, self.decodes = batch, decodes
         self._charge_chunk(len(contexts))
@@ -116,8 +119,8 @@ class IterationBudget:
             return False
         if self.model is None:
             return True
-        return (self.model.predict(self.batch.with_prefill(extend, prefix)) <= self.latency_s
-                and self.model.predict(self.decodes.with_decode(prefix + extend)) <= self.latency_s)
+        return (self.model.predict(self.batch.with_prefill(extend, prefix)) <= self.limit_s
+                and self.model.predict(self.decodes.with_decode(prefix + extend)) <= self.limit_s)
 
     def offline_chunk(self, extend: int, prefix: int, max_new_tokens: int, *, must_progress: bool = False) -> int:
         """The prefill chunk an offline request may run now (0: none). ``must_progress`` is for a
@@ -129,8 +132,8 @@ class IterationBudget:
         if self.model is None:
             chunk = max(0, min(extend, chunk_room, memory_room))
         else:
-            chunk, _ = max_prefill(self.model, self.latency_s, self.batch, extend, prefix, chunk_room, memory_room)
-            if chunk == extend and self.model.predict(self.decodes.with_decode(prefix + extend)) > self.latency_s:
+            chunk, _ = max_prefill(self.model, self.limit_s, self.batch, extend, prefix, chunk_room, memory_room)
+            if chunk == extend and self.model.predict(self.decodes.with_decode(prefix + extend)) > self.limit_s:
                 chunk = 0
         if must_progress:
             return max(chunk, floor)
@@ -144,6 +147,12 @@ class IterationBudget:
         self.offline_prefill_tokens += chunk
         if self.offline_memory is not None:
             self.offline_memory -= chunk + (max_new_tokens if finishes_prompt else 0)
+
+    def free_offline_memory(self, tokens: int) -> None:
+        """Give offline work back ``tokens`` of KV (a preempted request's, a parked decode's pin);
+        nothing changes without a memory cap."""
+        if self.offline_memory is not None:
+            self.offline_memory += tokens
 
     def predicted_s(self) -> float | None:
         return self.model.predict(self.batch) if self.model is not None else None

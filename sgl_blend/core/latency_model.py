@@ -98,10 +98,15 @@ COUNT_FIELDS = ("prefill_tokens", "prefill_reqs", "prefill_attention", "decode_r
                 "decode_max_context")
 
 
-class LatencyModel(Protocol):
-    form: str
+class Predictor(Protocol):
+    """What prices a batch: a fitted `LatencyModel`, or one scaled to the engine as it is now."""
 
     def predict(self, shape: BatchShape) -> float: ...
+
+
+class LatencyModel(Predictor, Protocol):
+    @property
+    def form(self) -> str: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -194,7 +199,7 @@ class EchoLatencyModel:
     decode_per_request: float = 0.0
     decode_per_token: float = 0.0
     decode_as_prefill: float = 0.0
-    form: str = "echo"
+    form: str = field(default="echo", init=False)
 
     def request_work(self, extend: float, span: float) -> float:
         """``α l² + β l`` of one request of ``extend`` new tokens in a ``span``-token sequence."""
@@ -275,7 +280,8 @@ def model_from_dict(data: dict[str, Any]) -> LatencyModel:
     raise ValueError(f"unknown latency model form {form!r}; known: {', '.join(FORMS)}")
 
 
-def _least_squares(rows: list[list[float]], times: Sequence[float], nonnegative: bool = False) -> np.ndarray:
+def _least_squares(rows: list[list[float]], times: Sequence[float] | np.ndarray,
+                   nonnegative: bool = False) -> np.ndarray:
     """Least squares on relative error (each row divided by its time), since batches span
     milliseconds to seconds and the score is a percentage error; columns are scaled because
     S_p² and a constant column differ by ~10⁷. ``nonnegative`` solves it exactly over every
@@ -497,7 +503,7 @@ def load_model(path: Path, form: str | None = None) -> LatencyModel:
     return model_from_dict(forms[chosen])
 
 
-def max_prefill(model: LatencyModel, budget_s: float, batch: BatchShape, extend: int, prefix: int,
+def max_prefill(model: Predictor, budget_s: float, batch: BatchShape, extend: int, prefix: int,
                 chunk_tokens: int, memory_tokens: int) -> tuple[int, float]:
     """HyGen's ``get_max_prefill(t, c, m, r)``: the longest chunk of ``extend`` remaining prompt
     tokens that keeps ``batch`` plus the chunk within ``budget_s``, ``chunk_tokens`` and

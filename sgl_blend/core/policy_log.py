@@ -96,9 +96,9 @@ def replay(events: Iterable[Event], policy: AdmissionPolicy) -> list[str]:
             if got != args[2]:
                 mismatches.append(f"event {number}: proposed {got[:5]}... instead of {args[2][:5]}...")
         elif kind == "budget":
-            got = policy.prefill_token_budget()
-            if got != args[0]:
-                mismatches.append(f"event {number}: prefill budget {got} instead of {args[0]}")
+            budget = policy.prefill_token_budget()
+            if budget != args[0]:
+                mismatches.append(f"event {number}: prefill budget {budget} instead of {args[0]}")
         else:
             getattr(policy, kind)(*args)
     return mismatches

@@ -47,7 +47,8 @@ class Node:
 
     def prefix_len(self) -> int:
         """Tokens from the root to the end of this node's edge."""
-        length, node = 0, self
+        length = 0
+        node: Node | None = self
         while node is not None:
             length += node.end - node.start
             node = node.parent
@@ -107,8 +108,9 @@ class PrefixTree:
         if covered < node.edge_len:
             node = path[-1] = self._split(node, covered)
         if position < len(ids):
-            node = Node(node, ids[position:], 0, len(ids) - position)
-            node.parent.children[ids[position]] = node
+            parent = node
+            node = Node(parent, ids[position:], 0, len(ids) - position)
+            parent.children[ids[position]] = node
             path.append(node)
         node.requests.append(request)
         self.node_of[request] = node
@@ -119,8 +121,10 @@ class PrefixTree:
 
     def _split(self, child: Node, at: int) -> Node:
         """Cut ``child``'s edge after ``at`` tokens; the new upper node inherits its aggregates."""
-        upper = Node(child.parent, child.source, child.start, child.start + at)
-        upper.parent.children[child.source[child.start]] = upper
+        parent = child.parent
+        assert parent is not None, "only a non-empty edge is split, and the root's is empty"
+        upper = Node(parent, child.source, child.start, child.start + at)
+        parent.children[child.source[child.start]] = upper
         child.parent = upper
         child.start += at
         upper.children[child.source[child.start]] = child
@@ -150,9 +154,10 @@ class PrefixTree:
 
     def path(self, node: Node) -> list[Node]:
         nodes = []
-        while node is not None:
-            nodes.append(node)
-            node = node.parent
+        current: Node | None = node
+        while current is not None:
+            nodes.append(current)
+            current = current.parent
         nodes.reverse()
         return nodes
 
@@ -163,6 +168,7 @@ class PrefixTree:
         self._apply(self.path(node), self.prompt_len.pop(request), comp, mem, -1)
         while node is not self.root and node.count == 0:
             parent = node.parent
+            assert parent is not None, "every node but the root has a parent"
             del parent.children[node.source[node.start]]
             node = parent
 

@@ -69,6 +69,7 @@ def make_offline_policy(name: str, model: ModelSpec, hardware: HardwareSpec, **o
     entry = REGISTRY.get(name)
     core = entry.core_policy if entry is not None else name
     options = {**(entry.policy_options() if entry is not None else {}), **options}
+    policy: PlannedPolicy
     if core == PSMPolicy.name:
         policy = PSMPolicy(CostModel(model, hardware), **options)
     else:

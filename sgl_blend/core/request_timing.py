@@ -30,9 +30,9 @@ class RequestTiming:
 def summarize(timings: Sequence[RequestTiming]) -> dict[str, float]:
     """Mean and P99 TTFT and TBT, in seconds, over the requests that completed."""
     done = [timing for timing in timings if timing.error is None and timing.ttft is not None]
-    ttfts = [timing.ttft for timing in done]
+    ttfts = [timing.ttft for timing in done if timing.ttft is not None]
     gaps = [gap for timing in done for gap in timing.gaps]
-    summary = {"requests": len(timings), "completed": len(done), "errors": len(timings) - len(done)}
+    summary: dict[str, float] = {"requests": len(timings), "completed": len(done), "errors": len(timings) - len(done)}
     for name, values in (("ttft", ttfts), ("tbt", gaps)):
         summary[f"{name}_mean"] = float(np.mean(values)) if values else math.inf
         summary[f"{name}_p99"] = float(np.percentile(values, 99)) if values else math.inf

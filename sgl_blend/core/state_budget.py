@@ -31,12 +31,16 @@ NEAR_ZERO_FRACTION = 0.01
 
 
 class OnlineTimed(Protocol):
-    arrival: float
+    @property
+    def arrival(self) -> float: ...
 
 
 class OnlineRunning(OnlineTimed, Protocol):
-    online: bool
-    output_tokens: int
+    @property
+    def online(self) -> bool: ...
+
+    @property
+    def output_tokens(self) -> int: ...
 
 
 def deadline_budget(now: float, running: Sequence[OnlineRunning], waiting: Sequence[OnlineTimed],

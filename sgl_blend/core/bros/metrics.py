@@ -66,6 +66,7 @@ class ServiceMetrics:
             self._ttft_met += now - live.arrival <= self.slo.ttft_s
             count -= 1
         if count:
+            assert live.last is not None, "set with the first token, here or on an earlier call"
             gap = (now - live.last) / count
             met = count if gap <= self.slo.tpot_s else 0
             self._gaps += count

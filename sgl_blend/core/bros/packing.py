@@ -137,7 +137,9 @@ class _Batch:
                     sums[index] += sign * value
                 swap += sign * member.host_tokens
         longest = max(self.longest, _step_sums(request)[4] if request is not None else 0)
-        return self.cost.predict(BatchShape(*sums, longest), swap)
+        prefill_tokens, prefill_reqs, prefill_attention, decode_reqs, decode_context = sums
+        shape = BatchShape(prefill_tokens, prefill_reqs, prefill_attention, decode_reqs, decode_context, longest)
+        return self.cost.predict(shape, swap)
 
     def add(self, request: BrosRequest) -> None:
         (self.realtime if request.realtime else self.best_effort).append(request)
