@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from sgl_blend.core.batch_plan import K, BatchPlan, plan_batch
+from sgl_blend.core.batch_plan import BatchPlan, K, plan_batch
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE

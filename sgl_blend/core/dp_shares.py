@@ -29,7 +29,6 @@ from sgl_blend.core.output_length import OutputLengthEstimator
 from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, TreePlanner
 from sgl_blend.core.prefix_tree import PrefixTree
 
-
 K = TypeVar("K", bound=Hashable)
 
 
@@ -94,7 +93,8 @@ def plan_shares(items: Iterable[WorkItem[K]], k: int, cost_model: CostModel, *,
         sides = [partition_order(plan.order, k, work, shared_prefix)]
     else:
         left, right = plan.order[:plan.boundary], plan.order[plan.boundary:]
-        sides = [partition_order(left, k, work, shared_prefix), _reversed(partition_order(right[::-1], k, work, shared_prefix))]
+        sides = [partition_order(left, k, work, shared_prefix),
+                 _reversed(partition_order(right[::-1], k, work, shared_prefix))]
     shares = [[keys[index] for side in sides for index in side.parts[rank]] for rank in range(k)]
     return DPShares(shares, [sum(side.work[rank] for side in sides) for rank in range(k)],
                     [sum(side.lost_tokens_per_cut[cut] for side in sides) for cut in range(k - 1)], tree.root.saved)

@@ -15,8 +15,14 @@ The overlap function (`overlap`) then combines the two sides into the iteration'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
 
 from sgl_blend.core.cost_model import CostModel
+
+# one context, or a stretch of iterations' contexts at once (the engine's closed-form decode steps)
+Context = TypeVar("Context", float, np.ndarray)
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,6 @@ class IterationCost:
         """Compute-side time: linear layers plus prefill attention."""
         return self.linear(tokens) + attention_pairs * self.pair_comp
 
-    def memory_side(self, decode_context: float) -> float:
+    def memory_side(self, decode_context: Context) -> Context:
         """Memory-side time: decode attention reading ``decode_context`` KV tokens."""
         return decode_context * self.kv_read

@@ -36,7 +36,7 @@ from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
 from sgl_blend.core.bros.bidirectional_kv import BidirectionalKV
 from sgl_blend.core.bros.cost import IterationCost
 from sgl_blend.core.bros.metrics import ServiceMetrics
-from sgl_blend.core.bros.packing import BrosScheduler, MemoryState
+from sgl_blend.core.bros.packing import BrosPlan, BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 from sgl_blend.core.latency_model import BatchShape
 
@@ -119,7 +119,8 @@ class FifoPolicy(Policy):
         """Which queue runs now (None: the single FCFS queue)."""
         if not self.alternate:
             return None
-        has_work = {cls: bool(self.waiting[cls]) or any(r.realtime == cls for r in self.running) for cls in (True, False)}
+        has_work = {cls: bool(self.waiting[cls]) or any(r.realtime == cls for r in self.running)
+                    for cls in (True, False)}
         if not has_work[self.turn]:
             self.turn = not self.turn
         serving, self.turn = self.turn, not self.turn
@@ -178,7 +179,7 @@ class BrosPolicy(Policy):
         self.kv = BidirectionalKV(settings.kv_tokens // settings.block_size, settings.block_size,
                                   bidirectional=bidirectional)
         self.requests: dict[str, BrosRequest] = {}
-        self._plan = None
+        self._plan: BrosPlan | None = None
         self._not_run: list[str] = []
         self.checkpointed_tokens = 0
 
@@ -246,6 +247,7 @@ class BrosPolicy(Policy):
                 request.dropped = True
 
     def done(self, now: float, finished: set[str], measured_s: float) -> None:
+        assert self._plan is not None, "an iteration is done after step planned it"
         self.scheduler.finish(self._plan, now, finished, self._not_run, measured_s)
         for rid in finished:
             self.kv.release(rid)
@@ -372,7 +374,8 @@ def poisson_arrivals(lengths: Iterable[tuple[int, int]], rate: float, duration_s
     """RT arrivals at ``rate`` per second over ``duration_s``, cycling through ``lengths``."""
     rng = random.Random(seed)
     pool = list(lengths)
-    arrivals, now, index = [], 0.0, 0
+    arrivals: list[Arrival] = []
+    now, index = 0.0, 0
     while True:
         now += rng.expovariate(rate)
         if now >= duration_s:

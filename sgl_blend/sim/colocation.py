@@ -163,6 +163,13 @@ class _ColocatedRun:
                        "offline_prefix_hit": 0}
         self.started: set[str] = set()
 
+    @property
+    def _offline_policy(self) -> AdmissionPolicy:
+        """The policy, where only offline requests lead: `ColocatedEngine.run` refuses offline
+        requests without one."""
+        assert self.policy is not None, "offline requests come with an offline policy"
+        return self.policy
+
     def execute(self) -> ColocatedResult:
         if self.policy is not None:
             self.policy.set_kv_capacity(self.cfg.kv_capacity)
@@ -227,7 +234,7 @@ class _ColocatedRun:
         self._release(active)
         active.prefill_left = 0
         self.counts["retracted"] += 1
-        self.policy.preempted(active.rid)
+        self._offline_policy.preempted(active.rid)
 
     def _release(self, active: _Active) -> None:
         self.cache.release(active.request.prefix)
@@ -368,7 +375,7 @@ class _ColocatedRun:
         reserved = sum(a.admission_reserve() for a in self.running)
         while room > 0 and len(self.running) < self.cfg.max_running:
             free = self._free() + self.cache.evictable - reserved
-            proposal = self.policy.propose(max(int(free), 0), min(self.cfg.proposal_size,
+            proposal = self._offline_policy.propose(max(int(free), 0), min(self.cfg.proposal_size,
                                                                   self.cfg.max_running - len(self.running)))
             taken = []
             for offered in proposal:
@@ -383,7 +390,7 @@ class _ColocatedRun:
                 free -= extend + active.reserve()
                 reserved += active.admission_reserve()
                 room = self._offline_chunk(budget, active, room, chunks)
-            self.policy.admitted(taken)
+            self._offline_policy.admitted(taken)
             if len(taken) < len(proposal) or not taken:
                 return
 
@@ -396,7 +403,7 @@ class _ColocatedRun:
         slots = self.cfg.max_running - len(self.running)
         free = self._free() + self.cache.evictable - sum(a.admission_reserve() for a in self.running)
         window = self.cfg.echo_window
-        proposal = self.policy.propose(max(int(free), 0), min(window, slots)) if room > 0 and slots > 0 else []
+        proposal = self._offline_policy.propose(max(int(free), 0), min(window, slots)) if room > 0 and slots > 0 else []
         candidates = [self._candidate(self.offline[offered.rid]) for offered in proposal]
         admit = self.controller.choose_offline(plan, candidates, window=window)
         by_rid = {candidate.rid: candidate for candidate in candidates}
@@ -408,13 +415,14 @@ class _ColocatedRun:
             taken.append(rid)
             free -= by_rid[rid].extend + active.reserve()
             room = self._offline_chunk(budget, active, room, chunks, cap=chunk)
-        self.policy.admitted(taken)
+        self._offline_policy.admitted(taken)
 
     def _candidate(self, active: _Active) -> OfflineCandidate:
         """What `_start` would prefill: the prompt and any output past the resident prefix, at least one token."""
         total = active.prompt_len + active.generated
         extend = max(1, total - self.cache.cached_prefix(active.request.prefix))
-        return OfflineCandidate(active.rid, extend, total - extend, active.reserve(), fresh=active.rid not in self.started)
+        return OfflineCandidate(active.rid, extend, total - extend, active.reserve(),
+                                fresh=active.rid not in self.started)
 
     def _offline_chunk(self, budget: IterationBudget, active: _Active, room: int, chunks: list[tuple[_Active, int]],
                        cap: int | None = None, must_progress: bool = False) -> int:
@@ -440,6 +448,7 @@ class _ColocatedRun:
         counted = 0
         if active.online:
             timing = active.timing
+            assert timing is not None, "an online request is given its timing on arrival"
             if timing.ttft is None:
                 timing.ttft = self.now - active.arrival
             else:
@@ -454,7 +463,7 @@ class _ColocatedRun:
         if active.generated >= active.request.output_len:
             self._finish(active)
         elif not active.online and active.generated % PROGRESS_INTERVAL == 0:
-            self.policy.progress(active.rid, active.generated)
+            self._offline_policy.progress(active.rid, active.generated)
         return counted
 
     def _finish(self, active: _Active) -> None:
@@ -463,4 +472,4 @@ class _ColocatedRun:
             self.online_left -= 1
         else:
             self.counts["offline_finished"] += 1
-            self.policy.finished(active.rid, active.generated)
+            self._offline_policy.finished(active.rid, active.generated)

@@ -57,18 +57,22 @@ def policy_entry(result: SimResult, t_o: float) -> dict[str, Any]:
 def table(report: dict[str, Any]) -> str:
     """The report as the readable table ``sgl-blend estimate`` prints."""
     bound = report["bound"]
-    lines = [f"{report['requests']} lines, {report['prompt_tokens']:,} prompt + {report['output_tokens']:,} output tokens;"
+    lines = [f"{report['requests']} lines, {report['prompt_tokens']:,} prompt + "
+             f"{report['output_tokens']:,} output tokens;"
              f" {report['model']} on {report['hardware']} ({report['overlap']}), "
              f"{report['engine']['kv_tokens']:,} KV tokens, chunk {report['engine']['chunked_prefill_size']}, "
              f"{report['engine']['max_running_requests']} running",
              f"T_o bound {bound['t_o_seconds']:.1f} s (perfect overlap {bound['t_o_ideal_seconds']:.1f} s; "
              f"T_comp {bound['t_comp_seconds']:.1f} s, T_mem {bound['t_mem_seconds']:.1f} s, "
-             f"at most {bound['max_saved_prompt_tokens']:,} prompt tokens saved by sharing, {bound['max_sharing']:.1%})",
+             f"at most {bound['max_saved_prompt_tokens']:,} prompt tokens saved by sharing, "
+             f"{bound['max_sharing']:.1%})",
              "",
-             f"{'policy':<12} {'predicted s':>12} {'tokens/s':>12} {'of T_o':>7} {'saved prompt tokens':>20} {'hit ratio':>9}"]
+             f"{'policy':<12} {'predicted s':>12} {'tokens/s':>12} {'of T_o':>7} "
+             f"{'saved prompt tokens':>20} {'hit ratio':>9}"]
     policies = report["policies"]
     for name, entry in policies.items():
-        lines.append(f"{name:<12} {entry['seconds']:>12.1f} {entry['tokens_per_s']:>12,.0f} {entry['fraction_of_t_o']:>7.3f}"
+        lines.append(f"{name:<12} {entry['seconds']:>12.1f} {entry['tokens_per_s']:>12,.0f} "
+                     f"{entry['fraction_of_t_o']:>7.3f}"
                      f" {entry['saved_prompt_tokens']:>20,} {entry['cache_hit_ratio']:>9.3f}")
     first, *others = policies
     if others:

@@ -20,7 +20,7 @@ the emulated engine its wall time shows up only as idle time before the first li
 from __future__ import annotations
 
 from collections import deque
-from typing import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from sgl_blend.batch_lines.plan import LinePlanner, RankSpace
 from sgl_blend.core.dp_shares import WorkItem
@@ -54,10 +54,10 @@ class RunnerFeed:
                       for index, r in enumerate(requests)} if planner is not None else {}
         self.requests = requests
         self.index = {request.rid: index for index, request in enumerate(requests)}
-        self.placements: dict[Hashable, Placement] = {}
+        self.placements: dict[int, Placement] = {}
         self.ranks = RankSpace()
         self.samples: set[int] = set()
-        self.observed: dict[Hashable, tuple[WorkItem, int]] = {}
+        self.observed: dict[int, tuple[WorkItem, int]] = {}
         self.inflight = 0
         self.plans = 0
         if planner is None:
@@ -75,6 +75,7 @@ class RunnerFeed:
         that the plan does not cover (samples)."""
         if not unsent:
             return
+        assert self.line_planner is not None, "a feed without a planner queues every line at once"
         plan = self.line_planner.plan([self.items[index] for index in unsent], self.observed or None, sample_rate=0.0)
         self.placements.update(self.ranks.place(plan))
         covered = set(unsent)

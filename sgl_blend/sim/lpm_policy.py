@@ -40,7 +40,7 @@ class SGLangLPMPolicy(PlannedPolicy):
         return super()._needs_plan() or (self._matching() and self.pending_count() > 0)
 
     def _match_len(self, index: int) -> int:
-        node = self.tree.node_of[index]
+        node: Node | None = self.tree.node_of[index]
         while node is not None and node not in self._cached:
             node = node.parent
         return node.prefix_len() if node is not None else 0

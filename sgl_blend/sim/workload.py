@@ -91,7 +91,8 @@ def requests_from_prompts(rids: Sequence[str], prompts: Sequence[Sequence[int]],
     names: dict[int, str] = {}
     requests = []
     for index, (rid, (output_len, max_new_tokens, exact)) in enumerate(zip(rids, outputs)):
-        segments, unique = [], 0
+        segments: list[tuple[str, int]] = []
+        unique = 0
         for node in tree.path(tree.node_of[index])[1:]:
             if node.count >= 2:
                 if id(node) not in names:
