@@ -88,10 +88,11 @@ def job_time(before: ClockReading | None, after: ClockReading) -> JobTime:
     for rank in after.ranks:
         end = after.ranks[rank]
         start = before.ranks[rank] if before is not None else end.get("job_start") or end
-        idle = float(end["idle_wall_seconds"]) - float(end["idle_under_way_seconds"]) - float(start["idle_wall_seconds"])
+        idle = (float(end["idle_wall_seconds"]) - float(end["idle_under_way_seconds"])
+                - float(start["idle_wall_seconds"]))
         late = _behind(end) - _behind(start)
-        times.append(JobTime(float(end["device_seconds"]) - float(start["device_seconds"]), max(idle, 0.0) / _stretch(end),
-                             late / _stretch(end)))
+        times.append(JobTime(float(end["device_seconds"]) - float(start["device_seconds"]),
+                             max(idle, 0.0) / _stretch(end), late / _stretch(end)))
     return max(times, key=lambda time: time.seconds_with_lateness)
 
 

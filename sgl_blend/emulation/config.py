@@ -49,10 +49,12 @@ class EmulationConfig:
             if self.token_id is not None:
                 raise ValueError("the cpu device runs the real forward: it takes no token_id")
         elif not (isinstance(self.token_id, int) and not isinstance(self.token_id, bool) and self.token_id >= 0):
-            raise ValueError(f"an emulated {self.device} needs the token id skipped forwards return, got {self.token_id!r}")
+            raise ValueError(f"an emulated {self.device} needs the token id skipped forwards return, "
+                             f"got {self.token_id!r}")
         if self.realtime_factor is not None:
             if self.runs_model:
-                raise ValueError("the cpu device runs the real forward in real time already: it takes no realtime_factor")
+                raise ValueError("the cpu device runs the real forward in real time already: "
+                                 "it takes no realtime_factor")
             if not (isinstance(self.realtime_factor, (int, float)) and not isinstance(self.realtime_factor, bool)
                     and self.realtime_factor > 0):
                 raise ValueError(f"realtime_factor must be a positive number, got {self.realtime_factor!r}")

@@ -82,8 +82,8 @@ def emulated_launch(device: str, model: str, sglang_args: Sequence[str] = (),
             raise ValueError(f"--emulate {device} runs the real model, and {model} has no weights here: "
                              "give a model that runs (tiny-llama, smollm2-135m or a model directory)")
         path = resolve_model_path(model, cache_dir)
-        return EmulatedLaunch(path, args, EmulationConfig(device, str(path), _tp(args), realtime_factor=realtime_factor),
-                              emulated.plugin_hardware(1), None)
+        runs = EmulationConfig(device, str(path), _tp(args), realtime_factor=realtime_factor)
+        return EmulatedLaunch(path, args, runs, emulated.plugin_hardware(1), None)
     if model in EMULATION_MODELS:
         path, config = prepare(STAND_IN, cache_dir)[0], EMULATION_MODELS[model]
     else:

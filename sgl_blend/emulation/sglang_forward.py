@@ -47,12 +47,14 @@ class Boundary(Protocol):
     EMULATED_FORWARD: Any
     EMULATION_NO_BATCH: Any
     GET_INTERNAL_STATE: Any
-    GenerationBatchResult: Any
-    LogitsProcessorOutput: Any
 
     def register_hook(self, hook: Any, function: Callable[..., Any]) -> None: ...
 
     def argument(self, call: Any, name: str) -> Any: ...
+
+    def __getattr__(self, name: str) -> Any:
+        """SGLang's classes by name (``GenerationBatchResult``, ``LogitsProcessorOutput``), which the
+        module imports on first use."""
 
 
 def read_batch(scheduled: Any) -> tuple[str, BatchShape] | None:
@@ -62,7 +64,7 @@ def read_batch(scheduled: Any) -> tuple[str, BatchShape] | None:
     ones; a decode row attends to its whole sequence. In a mixed batch SGLang appends the running
     decodes after the prefill rows (``mix_with_running``), as many as ``mix_running_indices_cpu``.
     """
-    kind = KIND_BY_MODE.get(getattr(getattr(scheduled, "forward_mode", None), "name", None))
+    kind = KIND_BY_MODE.get(getattr(getattr(scheduled, "forward_mode", None), "name", ""))
     if kind is None:
         return None
     if kind == DECODE:
@@ -122,7 +124,9 @@ class Emulator:
         """What the forward returns when it computes nothing: the emulated token for every request."""
         import torch
 
-        tokens = torch.full((len(scheduled.reqs),), self.config.token_id, dtype=torch.int64, device=scheduled.device)
+        token_id = self.config.token_id
+        assert token_id is not None, "EmulationConfig requires one wherever forwards are skipped"
+        tokens = torch.full((len(scheduled.reqs),), token_id, dtype=torch.int64, device=scheduled.device)
         return self.boundary.GenerationBatchResult(
             logits_output=self.boundary.LogitsProcessorOutput(next_token_logits=None), next_token_ids=tokens)
 

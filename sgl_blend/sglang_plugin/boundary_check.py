@@ -128,7 +128,7 @@ def _surface_problems(surface: Surface) -> list[str]:
 
 def _has_attribute(cls: type, name: str) -> bool:
     """Whether ``cls`` or its instances have ``name``; bases are read only until it is found."""
-    if hasattr(cls, name) or (isinstance(cls, enum.EnumMeta) and any(hasattr(member, name) for member in cls)):
+    if hasattr(cls, name) or (issubclass(cls, enum.Enum) and any(hasattr(member, name) for member in cls)):
         return True
     return any(name in _declared(klass) for klass in cls.__mro__[:-1])
 
@@ -147,7 +147,7 @@ def _assigned_on_self(klass: type) -> set[str]:
     node = _class_node(klass)
     if node is None:
         return set()
-    found = set()
+    found: set[str] = set()
     for method in node.body:
         if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args:
             continue
@@ -165,12 +165,13 @@ def _class_node(klass: type) -> ast.ClassDef | None:
         return None
     if path is None:
         return None
-    scope: ast.Module | ast.ClassDef | None = _module_ast(path)
+    scope: ast.Module | ast.ClassDef = _module_ast(path)
     for part in klass.__qualname__.split("."):
-        scope = next((node for node in scope.body if isinstance(node, ast.ClassDef) and node.name == part), None)
-        if scope is None:
+        inner = next((node for node in scope.body if isinstance(node, ast.ClassDef) and node.name == part), None)
+        if inner is None:
             return None
-    return scope
+        scope = inner
+    return scope if isinstance(scope, ast.ClassDef) else None
 
 
 @functools.cache

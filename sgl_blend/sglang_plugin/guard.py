@@ -15,6 +15,7 @@ from typing import Any, Callable, TypeVar
 
 logger = logging.getLogger(__name__)
 Step = TypeVar("Step", bound=Callable[..., Any])
+Part = TypeVar("Part")
 
 
 def guarded(part: str, message: str, fallback: Any = None) -> Callable[[Step], Step]:
@@ -35,3 +36,10 @@ def guarded(part: str, message: str, fallback: Any = None) -> Callable[[Step], S
         return run  # type: ignore[return-value]
 
     return wrap
+
+
+def live(part: Part | None) -> Part:
+    """A part inside a step guarded on it, which runs only while the part is set. (A step that
+    reads another part that has failed raises here, and its own guard switches it off too.)"""
+    assert part is not None, "a guarded step runs only while its part is live"
+    return part

@@ -75,6 +75,10 @@ class HeldDecodes:
     def get(self, rid: str) -> Any | None:
         return self._held.get(rid)
 
+    def holds(self, req: Any) -> bool:
+        """Whether ``req`` itself is held (not another request under its rid)."""
+        return self._held.get(req.rid) is req
+
     def tokens(self) -> int:
         return sum(resident_tokens(req) for req in self._held.values())
 
@@ -98,7 +102,7 @@ class HeldDecodes:
     def resumable(self, scheduler: Any, req: Any) -> bool:
         """Whether ``req`` can be put back now: held, unfinished, no result of it in flight, and
         every token it has computed resident (`kv_checkpoint` may have copied some to host)."""
-        return (self._held.get(req.rid) is req and not req.finished() and id(req) not in in_flight(scheduler)
+        return (self.holds(req) and not req.finished() and id(req) not in in_flight(scheduler)
                 and req.kv.kv_committed_len == len(req.origin_input_ids) + len(req.output_ids) - 1)
 
     def resume(self, scheduler: Any, running_batch: Any, reqs: Iterable[Any]) -> Any:

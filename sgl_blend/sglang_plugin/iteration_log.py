@@ -105,6 +105,7 @@ class IterationRecorder:
         record, self._open = self._open, None
         if record is None:
             return None
+        assert self._last_launch is not None, "set with the record it closes"
         _synchronize_device()
         record["forward_s"] = round(time.perf_counter() - self._last_launch, 6)
         record["wall"] = round(time.time(), 3)

@@ -26,6 +26,8 @@ def prefill_adder_class(runtime: PluginRuntime) -> type:
         """SGLang's adder, admitting offline work only in the order the policy proposed and, when
         co-locating, only within the iteration's plan; its prefill room is the policy's."""
 
+        chunked_req_limit: int | None  # SGLang's, set in its __init__
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             given = (self, *args)

@@ -97,10 +97,6 @@ def echo_node_priority(node: Any, index: ReuserIndex | None) -> float:
 def build_cache(params: Any, reusers: ReuserSource | None) -> Any:
     """The backend's cache; with ``reusers`` it evicts by Echo's priorities."""
 
-    class EchoEviction(sgl.EvictionStrategy):
-        def get_priority(self, node: Any) -> tuple[float, float]:
-            return echo_node_priority(node, reusers()), node.last_access_time
-
     class BlendRadixCache(sgl.RadixCache):
         def annotate_path(self, node: Any, density: float, pending: int) -> int:
             return annotate_path(node, density, pending)
@@ -118,8 +114,18 @@ def build_cache(params: Any, reusers: ReuserSource | None) -> Any:
 
     cache = BlendRadixCache(params)
     if reusers is not None:
-        cache.eviction_strategy = EchoEviction()
+        cache.eviction_strategy = echo_eviction(reusers)
     return cache
+
+
+def echo_eviction(reusers: ReuserSource) -> Any:
+    """SGLang's eviction strategy by Echo's priorities, the reusers read from ``reusers`` now."""
+
+    class EchoEviction(sgl.EvictionStrategy):
+        def get_priority(self, node: Any) -> tuple[float, float]:
+            return echo_node_priority(node, reusers()), node.last_access_time
+
+    return EchoEviction()
 
 
 def register_backend(runtime: PluginRuntime) -> None:

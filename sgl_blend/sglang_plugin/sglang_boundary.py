@@ -11,7 +11,8 @@ How the plugin uses the table: it names SGLang's classes and functions through t
 (``from sgl_blend.sglang_plugin import sglang_boundary as sgl``, then ``sgl.PrefillAdder``), never
 through ``sglang`` itself; a name is resolved on first use, so importing the plugin still does not
 import SGLang. It registers hooks with `register_hook` and a `Hook` row, and reads the arguments
-SGLang passes by name (`argument`, found once per call site), never by a position it assumed. ``reached`` says how the plugin's code names an object
+SGLang passes by name (`argument`, found once per call site), never by a position it assumed.
+``reached`` says how the plugin's code names an object
 (``req.kv`` is a `ReqKvInfo`); ``owned`` lists attributes the plugin itself sets on SGLang's
 objects, which SGLang must not define. The launcher (`sgl_blend.launch.http_process`) imports
 SGLang's server entry points directly: a rename there fails loudly at start-up already.

@@ -69,7 +69,8 @@ class SlotTakeover:
         while result == sgl.AddReqResult.NO_TOKEN and not _admitted(adder, req):
             need = admission_shortfall(adder, req)
             if need <= 0 or not self._make_room(scheduler, adder.running_batch, need,
-                                                lambda: admission_shortfall(adder, req), lambda r: _unreserve(adder, r)):
+                                                lambda: admission_shortfall(adder, req),
+                                                lambda r: _unreserve(adder, r)):
                 break
             made_room = True
             adder.req_states = None

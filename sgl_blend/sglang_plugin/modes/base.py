@@ -10,13 +10,14 @@ SGLang's batches.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.kv_priority import ReuserIndex
-from sgl_blend.sglang_plugin.guard import guarded
-from sgl_blend.sglang_plugin.held_decodes import HeldDecodes
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
+from sgl_blend.sglang_plugin.guard import guarded, live
+from sgl_blend.sglang_plugin.held_decodes import HeldDecodes
 
 
 def free_kv_tokens(tree_cache: Any) -> int:
@@ -93,7 +94,7 @@ class Mode:
     @guarded("held", HELD_FAILED)
     def abort_held(self, scheduler: Any, rid: str, abort_all: bool, finished_reason: Any) -> None:
         """SGLang's ``abort_request`` has run; held decodes it cannot see are the mode's to free."""
-        self.held.abort(scheduler, rid, abort_all, finished_reason)
+        live(self.held).abort(scheduler, rid, abort_all, finished_reason)
 
     def snapshot(self) -> dict[str, Any]:
         """What ``/server_info`` shows of the mode, keyed as the plugin state's sections."""

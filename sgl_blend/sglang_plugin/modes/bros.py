@@ -49,7 +49,7 @@ from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.latency_model import model_from_dict
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
-from sgl_blend.sglang_plugin.guard import guarded
+from sgl_blend.sglang_plugin.guard import guarded, live
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes, in_flight, resident_tokens
 from sgl_blend.sglang_plugin.kv_checkpoint import KVCheckpoint
 from sgl_blend.sglang_plugin.modes.base import HELD_FAILED, Mode, add_within_chunk, free_kv_tokens
@@ -71,6 +71,7 @@ def slo_of(config: ColocationConfig) -> SLO:
 class BrosState:
     def __init__(self, config: ColocationConfig, max_running: int) -> None:
         self.slo = slo_of(config)
+        assert config.latency_model is not None, "ColocationConfig requires a latency model in bros mode"
         self.cost = IterationCost(model_from_dict(config.latency_model))
         self.batch_size = AdaptiveBatchSize(max_running)
         self.metrics = ServiceMetrics(self.slo, start=time.monotonic())
@@ -82,8 +83,9 @@ class BrosState:
         self.plans = 0
 
     def snapshot(self) -> dict[str, Any]:
-        return {"metrics": self.metrics.summary(time.monotonic()), "batch_size": self.batch_size.current, "plans": self.plans,
-                "last_plan": self.last_plan, "average_iteration_s": round(self.average_iteration_s, 6)}
+        return {"metrics": self.metrics.summary(time.monotonic()), "batch_size": self.batch_size.current,
+                "plans": self.plans, "last_plan": self.last_plan,
+                "average_iteration_s": round(self.average_iteration_s, 6)}
 
     def request(self, req: Any, now: float, waiting: bool, host_tokens: int, prompt_done: int = 0) -> BrosRequest:
         """The core's view of an engine request. One in the waiting queue with output already was
@@ -108,7 +110,8 @@ class BrosState:
             requests.append(self.request(chunked, now, False, 0, int(chunked.prefix_len)))
         for request in sorted(requests, key=lambda r: (r.prefilled, r.arrival)):
             bros.submit(request)
-        resident = {req.rid: resident_tokens(req) for req in [*running, *held] if best_effort(req) and not req.finished()}
+        resident = {req.rid: resident_tokens(req) for req in [*running, *held]
+                    if best_effort(req) and not req.finished()}
         plan = bros.plan(now, MemoryState(free_kv_tokens(scheduler.tree_cache), best_effort_resident=resident))
         self.admit = {request.rid: position for position, request in enumerate(plan.requests) if request.rid in waiting}
         self.chunks = {request.rid: request.extend_tokens() for request in plan.best_effort if request.prompt_left()}
@@ -151,10 +154,10 @@ class BrosMode(Mode):
 
     @guarded("state", FAILED)
     def _plan_and_apply(self, scheduler: Any, running_batch: Any) -> Any:
-        held = self.held
+        state, held = live(self.state), live(self.held)
         held.sweep()
         self.checkpoint.forget(req.rid for req in held.requests())
-        plan = self.state.plan_iteration(scheduler, list(running_batch.reqs), held.requests(),
+        plan = state.plan_iteration(scheduler, list(running_batch.reqs), held.requests(),
                                          self.checkpoint.host_tokens)
         chosen = [request.rid for request in plan.best_effort]
         keep = set(chosen)
@@ -164,37 +167,40 @@ class BrosMode(Mode):
         if running_batch.is_empty() and held.any() and self._stalled(scheduler):
             running_batch = self._resume_one(scheduler, running_batch)
         self._forward_ct = scheduler.forward_ct
-        order = self.state.admit
+        order = state.admit
+        assert order is not None, "plan_iteration has just set it"
         scheduler.waiting_queue.sort(key=lambda req: order.get(req.rid, len(order)))
         return running_batch
 
     def _stalled(self, scheduler: Any) -> bool:
         """Nothing decodes while requests are held, and nothing else will run: the plan admits no
         one, or what it admitted last time did not run (SGLang's adder refused it)."""
-        return not self.state.admit or scheduler.forward_ct == self._forward_ct
+        return not live(self.state).admit or scheduler.forward_ct == self._forward_ct
 
     def _resume(self, scheduler: Any, running_batch: Any, reqs: list[Any]) -> Any:
         """Put ``reqs`` back into the running batch, each once its checkpointed KV is restored."""
-        ready = [req for req in reqs if self.held.resumable(scheduler, req) or self._restorable(scheduler, req)]
-        return self.held.resume(scheduler, running_batch, ready)
+        held = live(self.held)
+        ready = [req for req in reqs if held.resumable(scheduler, req) or self._restorable(scheduler, req)]
+        return held.resume(scheduler, running_batch, ready)
 
     def _restorable(self, scheduler: Any, req: Any) -> bool:
         return (self.checkpoint.host_tokens(req.rid) > 0 and not req.finished()
-                and self.checkpoint.restore(scheduler, req) and self.held.resumable(scheduler, req))
+                and self.checkpoint.restore(scheduler, req) and live(self.held).resumable(scheduler, req))
 
     def _resume_one(self, scheduler: Any, running_batch: Any) -> Any:
         """Take back the held request with the least KV on host, making room from the other held
         ones when its KV does not fit (Alg. 1: an empty batch takes its most urgent request)."""
+        held = live(self.held)
         flying = in_flight(scheduler)
-        candidates = [req for req in self.held.requests() if not req.finished() and id(req) not in flying]
+        candidates = [req for req in held.requests() if not req.finished() and id(req) not in flying]
         if not candidates:
             return running_batch
         req = min(candidates, key=lambda r: self.checkpoint.host_tokens(r.rid))
         missing = self.checkpoint.host_tokens(req.rid) - free_kv_tokens(scheduler.tree_cache)
-        others = {other.rid: resident_tokens(other) for other in self.held.requests()
+        others = {other.rid: resident_tokens(other) for other in held.requests()
                   if other is not req and not other.finished()}
         for take in plan_takeover(missing, others, {}):
-            self.checkpoint.take(scheduler, self.held.get(take.rid), take.tokens)
+            self.checkpoint.take(scheduler, held.get(take.rid), take.tokens)
         resumed = self._resume(scheduler, running_batch, [req])
         self.counts["empty_batch_resumes"] += not resumed.is_empty()
         return resumed
@@ -202,9 +208,10 @@ class BrosMode(Mode):
     @guarded("held", HELD_FAILED)
     def _give_back(self, scheduler: Any, running_batch: Any) -> Any:
         """The plan is off: every held request goes back to SGLang as soon as it can."""
-        self.held.sweep()
-        self.checkpoint.forget(req.rid for req in self.held.requests())
-        return self._resume(scheduler, running_batch, self.held.requests())
+        held = live(self.held)
+        held.sweep()
+        self.checkpoint.forget(req.rid for req in held.requests())
+        return self._resume(scheduler, running_batch, held.requests())
 
     def before_decode(self, scheduler: Any, batch: Any) -> None:
         self._decode_room(scheduler, batch)
@@ -215,13 +222,15 @@ class BrosMode(Mode):
 
     @guarded("state", FAILED)
     def end_iteration(self) -> None:
-        self.state.admit = None
-        self.state.chunks = {}
+        state = live(self.state)
+        state.admit = None
+        state.chunks = {}
 
     @guarded("state", FAILED)
     def may_admit(self, req: Any) -> bool | None:
         """Whether the plan admits this waiting request (None: no plan, SGLang decides)."""
-        return None if self.state.admit is None else req.rid in self.state.admit
+        admit = live(self.state).admit
+        return None if admit is None else req.rid in admit
 
     def admit(self, adder: Any, req: Any, has_chunked_req: bool, add: Callable[[], Any]) -> Any:
         """An RT request the adder refuses for want of KV takes it from BE requests; a BE prompt
@@ -241,7 +250,7 @@ class BrosMode(Mode):
         """Within the plan's chunk; a truncated prompt ends the pass, as SGLang's own does. While
         SGLang carries a chunked request already, a prompt that would be truncated waits (SGLang
         carries one at a time)."""
-        chunk = self.state.chunks.get(req.rid)
+        chunk = live(self.state).chunks.get(req.rid)
         if chunk is None:
             return add()
         if has_chunked_req and chunk < len(req.full_untruncated_fill_ids) - req.prefix_len:
@@ -258,7 +267,7 @@ class BrosMode(Mode):
         """A BE chunked prefill under way runs the chunk the plan gives it, or a minimal one."""
         if not best_effort(req):
             return None
-        return self.state.chunks.get(req.rid, MIN_CHUNK)
+        return live(self.state).chunks.get(req.rid, MIN_CHUNK)
 
     def note_arrival(self, scheduler: Any, req: Any) -> None:
         """Every new request, online or offline: its arrival starts its TTFT clock."""
@@ -271,16 +280,17 @@ class BrosMode(Mode):
 
     @guarded("state", FAILED)
     def _note(self, req: Any) -> None:
-        self.state.metrics.arrived(req.rid, not best_effort(req), req.blend_arrival)
+        live(self.state).metrics.arrived(req.rid, not best_effort(req), req.blend_arrival)
 
     @guarded("state", FAILED)
     def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
-        self.state.average_iteration_s += 0.2 * (forward_s - self.state.average_iteration_s)
+        state = live(self.state)
+        state.average_iteration_s += 0.2 * (forward_s - state.average_iteration_s)
 
     @guarded("state", FAILED)
     def observe_batch(self, batch: Any) -> None:
         """Fold one batch result into the token times and the metrics."""
-        state = self.state
+        state = live(self.state)
         now = time.monotonic()
         for req in batch.reqs:
             produced = len(req.output_ids)

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from sgl_blend.core.colocation import ColocationConfig, IterationPlan
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.offline import is_offline
-from sgl_blend.sglang_plugin.guard import guarded
+from sgl_blend.sglang_plugin.guard import guarded, live
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes
 from sgl_blend.sglang_plugin.modes.base import HELD_FAILED, Mode
 from sgl_blend.sglang_plugin.modes.colocation_engine import (
@@ -55,7 +55,7 @@ class ColocationMode(Mode):
     def _plan(self, scheduler: Any, batch: Any) -> IterationPlan:
         """Plan the iteration over the running batch and the held decodes; preempt and hold what
         the plan says. Held decodes it keeps are put back by the caller (`before_prefill`)."""
-        state = self.state
+        state = live(self.state)
         if len(state.parked):
             state.counts["parked_gone"] += state.parked.forget_missing(req.rid for req in scheduler.waiting_queue)
         state.held.sweep()
@@ -76,7 +76,7 @@ class ColocationMode(Mode):
     def _reclaim_slots(self, scheduler: Any, running_batch: Any, waiting_online: int) -> None:
         """Online requests short of request slots take them from offline work: held requests
         first (they keep a slot without running), then the newest running ones."""
-        state = self.state
+        state = live(self.state)
         short = waiting_online - scheduler.get_num_allocatable_reqs(len(running_batch.reqs),
                                                                     running_batch=running_batch)
         if short <= 0:
@@ -95,14 +95,15 @@ class ColocationMode(Mode):
     @guarded("held", HELD_FAILED)
     def _give_back(self, scheduler: Any, running_batch: Any) -> Any:
         """Co-location is off: every held decode goes back to SGLang as soon as it can."""
-        self.held.sweep()
-        return self.held.resume(scheduler, running_batch, self.held.requests())
+        held = live(self.held)
+        held.sweep()
+        return held.resume(scheduler, running_batch, held.requests())
 
     @guarded("state", FAILED)
     def _plan_prefill(self, scheduler: Any, running_batch: Any) -> Any:
         """Online first, then the iteration's plan; returns the running batch with the held
         decodes the plan keeps put back."""
-        state = self.state
+        state = live(self.state)
         waiting_online = sum(1 for req in scheduler.waiting_queue if not is_offline(req.routing_key))
         if waiting_online:
             chunked = scheduler.chunked_req
@@ -126,14 +127,15 @@ class ColocationMode(Mode):
     @guarded("state", FAILED)
     def order_offline(self, waiting_queue: list, tree_cache: Any, reusers: ReuserIndex | None) -> None:
         """Echo: pick this prefill pass's offline admissions from the queue the pool ordered."""
-        plan = self.state.plan
+        state = live(self.state)
+        plan = state.plan
         if plan is not None and plan.echo is not None:
-            select_offline(self.state, waiting_queue, tree_cache, reusers)
+            select_offline(state, waiting_queue, tree_cache, reusers)
 
     @guarded("state", FAILED)
     def may_admit(self, req: Any) -> bool | None:
         """Echo: an offline request the selection left out waits (None: the pool decides)."""
-        plan = self.state.plan
+        plan = live(self.state).plan
         if plan is None or plan.echo is None or plan.echo.admit is None or not is_offline(req.routing_key):
             return None
         return None if req.rid in plan.echo.admit else False
@@ -142,7 +144,7 @@ class ColocationMode(Mode):
     def before_decode(self, scheduler: Any, batch: Any) -> None:
         """The decode iteration's plan; when KV runs out, parked KV is unpinned, then held offline
         requests give theirs back, newest first, then running offline ones."""
-        state = self.state
+        state = live(self.state)
         self._plan(scheduler, batch)
         if batch.check_decode_mem():
             return
@@ -160,12 +162,13 @@ class ColocationMode(Mode):
     @guarded("state", FAILED)
     def end_iteration(self) -> dict[str, Any] | None:
         """What the plan spent, for the iteration record."""
-        plan, self.state.plan = self.state.plan, None
+        state = live(self.state)
+        plan, state.plan = state.plan, None
         if plan is None:
             return None
         if plan.echo is not None:
             for kind, count in plan.echo.counts().items():
-                self.state.counts[f"echo_{kind}"] += count
+                state.counts[f"echo_{kind}"] += count
         return plan.summary()
 
     def note_arrival(self, scheduler: Any, req: Any) -> None:
@@ -177,7 +180,7 @@ class ColocationMode(Mode):
     def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
         """Teach the calibration what the batch it planned really cost."""
         if record is not None:
-            self.state.controller.observe(record.get("model_s"), record.get("forward_s"))
+            live(self.state).controller.observe(record.get("model_s"), record.get("forward_s"))
 
     def snapshot(self) -> dict[str, Any]:
         return {"colocation": self.state.snapshot() if self.state is not None else None}
@@ -185,7 +188,7 @@ class ColocationMode(Mode):
     @guarded("state", FAILED)
     def chunked_limit(self, req: Any) -> int | None:
         """The chunk an offline chunked prefill under way may run now (at least a minimal one)."""
-        plan = self.state.plan
+        plan = live(self.state).plan
         if plan is None or not is_offline(req.routing_key):
             return None
         remaining = len(req.full_untruncated_fill_ids) - req.prefix_len
@@ -193,8 +196,9 @@ class ColocationMode(Mode):
 
     @guarded("state", FAILED)
     def after_chunked(self, adder: Any, req: Any, still_chunked: bool) -> None:
-        plan = self.state.plan
-        if plan is None or not is_offline(req.routing_key) or not (adder.can_run_list and adder.can_run_list[-1] is req):
+        plan = live(self.state).plan
+        if (plan is None or not is_offline(req.routing_key)
+                or not (adder.can_run_list and adder.can_run_list[-1] is req)):
             return
         plan.budget.commit_offline_prefill(req.extend_end - req.prefix_len, req.prefix_len, not still_chunked,
                                            remaining_output(req))

@@ -156,7 +156,7 @@ def retract_held(state: ColocationState, scheduler: Any, reqs: list[Any], reason
     the radix cache without a pin, as a running request preempted for memory does."""
     flying = in_flight(scheduler)
     for req in reqs:
-        if state.held.get(req.rid) is not req or req.finished() or id(req) in flying:
+        if not state.held.holds(req) or req.finished() or id(req) in flying:
             continue
         state.held.release(req.rid)
         release_to_cache(state, req, scheduler.tree_cache, pin=False)
@@ -172,6 +172,7 @@ def offline_newest_first(batch: Any, exclude: Any = ()) -> list[Any]:
 def add_offline(state: ColocationState, adder: Any, req: Any, has_chunked_req: bool, add: Callable[[], Any]) -> Any:
     """Admit an offline request through SGLang's adder, its chunk capped by the plan."""
     plan = state.plan
+    assert plan is not None, "the mode admits through here only under an iteration's plan"
     extend = len(req.full_untruncated_fill_ids) - req.prefix_len
     saved = adder.rem_chunk_tokens
     if has_chunked_req and saved is not None and extend > saved:
@@ -232,7 +233,7 @@ def offline_candidates(waiting_queue: list, tree_cache: Any, reusers: ReuserInde
     """The first offline requests of the ordered waiting queue as the selector sees them. Each is
     matched against the radix cache as SGLang's own LPM ordering does (the adder matches again
     when it admits), so ``prefix`` is what is resident now."""
-    candidates = []
+    candidates: list[OfflineCandidate] = []
     for req in waiting_queue:
         if len(candidates) >= CANDIDATE_WINDOW:
             break
@@ -251,6 +252,7 @@ def offline_candidates(waiting_queue: list, tree_cache: Any, reusers: ReuserInde
 def select_offline(state: ColocationState, waiting_queue: list, tree_cache: Any, reusers: ReuserIndex | None) -> None:
     """Run Echo's selection on the ordered waiting queue and put its picks first, in its order."""
     plan = state.plan
+    assert plan is not None, "the mode selects only under an Echo iteration's plan"
     offline = [req for req in waiting_queue if is_offline(req.routing_key)]
     admit = state.controller.choose_offline(plan, offline_candidates(waiting_queue, tree_cache, reusers),
                                             continuing=state.continuing, truncate=state.may_truncate)
