@@ -26,12 +26,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
+from sgl_blend.batch_lines.outcome import LineOutcome
 from sgl_blend.batch_lines.plan import LinePlanner, RankSpace
 from sgl_blend.core.batch_plan import BatchPlan
-from sgl_blend.batch_lines.outcome import LineOutcome
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.core.output_length import DEFAULT_FALLBACK, DEFAULT_SAMPLE_RATE
 from sgl_blend.core.placement import SAMPLE, Placement, prompt_digest
@@ -77,6 +80,11 @@ class PlanKeeper:
         self.choose_slots = choose_slots
         self.wake = wake
         self.ranks = RankSpace()
+        # One plan at a time, in a thread of its own: not behind a batch being read, nor in the
+        # event loop's default executor, which SGLang and the API's store reads share.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-plan")
+        # Plans place their lines in a worker thread while samples take positions on the loop.
+        self._ranks_lock = threading.Lock()
         self.items: dict[LineKey, WorkItem] = {}
         self.unplanned: dict[LineKey, None] = {}
         self.samples: set[LineKey] = set()
@@ -87,6 +95,9 @@ class PlanKeeper:
         self._last_plan_lines = 0
         self._next_rank = 0
         self._footprint = [0.0, 0]
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
 
     @property
     def mean_footprint(self) -> float | None:
@@ -121,7 +132,8 @@ class PlanKeeper:
         places, the rest as validated lines."""
         keys = self._remember(batch_id, [number for number, _placement in planned], items)
         placements = {key: placement for key, (_number, placement) in zip(keys, planned)}
-        self.ranks.continue_after(placements.values())
+        with self._ranks_lock:
+            self.ranks.continue_after(placements.values())
         self.feed.append(keys, slot_of, placements)
         self.add(batch_id, unplanned, items)
 
@@ -176,13 +188,13 @@ class PlanKeeper:
     async def _plan(self, provisional: bool) -> None:
         queued = [key for key in self.feed.queued() if key not in self.samples]
         keys = [*queued, *self.unplanned]
-        items = [_keyed(self.items[key], key) for key in keys if key in self.items]
+        items = [(key, self.items[key]) for key in keys if key in self.items]
         observed = dict(self.observed)
-        plan, prompts = await asyncio.to_thread(self._plan_lines, items, observed)
+        plan, placements = await asyncio.get_running_loop().run_in_executor(self._thread, self._plan_lines, items,
+                                                                             observed)
         still = set(self.feed.queued()) | self.unplanned.keys()
         # A line without a prompt (its prepared prompt was lost) still runs, after the plan.
         order = [key for key in (*plan.feed, *(key for key in keys if key not in self.items)) if key in still]
-        placements = self.ranks.place(plan, prompts)
         slot_of = {key: self.feed.slot_of(key) for key in order if key in self.feed}
         new = [key for key in order if key not in slot_of]
         slot_of.update(self.choose_slots(new, self.items))
@@ -197,12 +209,16 @@ class PlanKeeper:
         first_rank, self._next_rank = self._next_rank, self._next_rank + len(order)
         await asyncio.to_thread(self._store_plan, order, placements, first_rank)
 
-    def _plan_lines(self, items: list[WorkItem], observed: Mapping[LineKey, tuple[WorkItem, int]],
-                    ) -> tuple[BatchPlan, dict[LineKey, str]]:
-        """The plan (in a worker thread), and the digest of each line's prompt ids, which its
-        placement carries to the scheduler to be checked against the ids it runs."""
+    def _plan_lines(self, lines: list[tuple[LineKey, WorkItem]], observed: Mapping[LineKey, tuple[WorkItem, int]],
+                    ) -> tuple[BatchPlan, dict[Hashable, Placement]]:
+        """The plan and its lines' placements (in a worker thread: tens of thousands of them cost
+        the event loop too long), each carrying the digest of the prompt ids it was planned on,
+        which the scheduler checks against the ids it runs."""
+        items = [WorkItem(key, item.prompt_ids, item.max_new_tokens, item.exact_output_len) for key, item in lines]
         plan = self.line_planner.plan(items, observed, 0.0)
-        return plan, {item.key: prompt_digest(item.prompt_ids) for item in items}
+        prompts = {item.key: prompt_digest(item.prompt_ids) for item in items}
+        with self._ranks_lock:
+            return plan, self.ranks.place(plan, prompts)
 
     def _store_plan(self, order: Sequence[LineKey], placements: Mapping[LineKey, Placement], first_rank: int) -> None:
         """Each line's rank (after every earlier plan's: a restarted runner feeds by rank) and placement."""
@@ -219,7 +235,9 @@ class PlanKeeper:
         return item is not None and self.line_planner.blend and is_sample(key[0], key[1], item)
 
     def _sample_placement(self, key: LineKey) -> Placement:
-        return sample_placement(self.ranks.take_compute(), self.items[key])
+        with self._ranks_lock:
+            position = self.ranks.take_compute()
+        return sample_placement(position, self.items[key])
 
 
 def is_sample(job: str, line_number: int, item: WorkItem) -> bool:
@@ -236,8 +254,4 @@ def sample_placement(position: int, item: WorkItem) -> Placement:
     """An output-length sample's placement: ahead of every plan, its output at the fallback bound."""
     return Placement(SAMPLE, position, 1.0, min(item.max_new_tokens, DEFAULT_FALLBACK),
                      prompt=prompt_digest(item.prompt_ids))
-
-
-def _keyed(item: WorkItem, key: LineKey) -> WorkItem:
-    return WorkItem(key, item.prompt_ids, item.max_new_tokens, item.exact_output_len)
 

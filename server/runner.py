@@ -22,11 +22,18 @@ import errno
 import logging
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from sgl_blend.batch_lines.bodies import BodyCaps
-from sgl_blend.batch_lines.lines import (DEFAULT_MAX_LINE_BYTES, LineError, endpoint_urls, error_record,
-                                         line_error_record)
+from sgl_blend.batch_lines.lines import (
+    DEFAULT_MAX_LINE_BYTES,
+    LineError,
+    endpoint_urls,
+    error_record,
+    line_error_record,
+)
 from sgl_blend.batch_lines.outcome import LineOutcome, LineUsage
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.server.active import ActiveBatch, ActiveBatches
@@ -53,6 +60,8 @@ POLL_S = 0.5
 HOUSEKEEPING_S = 60.0
 EXPIRE_CHUNK = 1000
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# Batches read (validated) at once; more wait their turn.
+READING_THREADS = 2
 
 
 class ValidationStopped(Exception):
@@ -93,8 +102,12 @@ class BatchRunner:
                                   on_change=lambda: self.wake(refresh=False))
         self.batches = ActiveBatches()
         self.feed = Feed()
+        # Reading a batch runs for seconds to minutes: off the event loop, and off its default
+        # executor too, which SGLang's own request conversions and the API's store reads share (six
+        # threads on a 2-core host). Plans have a thread of their own (`PlanKeeper`).
+        self._reading = ThreadPoolExecutor(max_workers=READING_THREADS, thread_name_prefix="batch-reading")
         self.plan_keeper = PlanKeeper(self.feed, planner, store, owner, self._choose_slots,
-                                   wake=lambda: self.wake(refresh=False))
+                                      wake=lambda: self.wake(refresh=False))
         self._wake = asyncio.Event()
         self._refresh = True
         self._writer = ResultWriter(store, blobs, owner)
@@ -158,6 +171,8 @@ class BatchRunner:
             self._writer.close(batch.id)
         await asyncio.to_thread(self.store.release, self.owner)
         await self.workers.close()
+        self._reading.shutdown(wait=False, cancel_futures=True)
+        self.plan_keeper.close()
 
     # Taking batches up and letting them go
 
@@ -266,7 +281,7 @@ class BatchRunner:
         try:
             done = await asyncio.to_thread(self.store.clear_lines, row.id, self.owner)
             if done is not None:
-                total = await asyncio.to_thread(self._index_lines, row, done, on_chunk)
+                total = await loop.run_in_executor(self._reading, self._index_lines, row, done, on_chunk)
                 await asyncio.to_thread(self.store.start_batch, row.id, self.owner, total, int(time.time()))
         except FileRejected as rejected:
             await self._fail(batch, rejected)
@@ -309,16 +324,17 @@ class BatchRunner:
         rows = await asyncio.to_thread(self.store.pending_lines, batch.id)
         items = await asyncio.to_thread(batch.prepared.prompts) if self._reads_prompts() else {}
         self._lines_ready(batch, [row for row in rows if row.plan_rank is None or row.placement is None], items)
-        planned = sorted((row for row in rows if row.error_code is None and row.plan_rank is not None
-                          and row.placement is not None), key=lambda row: row.plan_rank)
+        planned = sorted(((row.plan_rank, row.placement, row) for row in rows if row.error_code is None
+                          and row.plan_rank is not None and row.placement is not None), key=lambda entry: entry[0])
         if planned:
             live = set(self.workers.live_slots())
-            slot_of = {(batch.id, row.line_number): Slot(row.worker, row.dp_rank) for row in planned
-                       if Slot(row.worker, row.dp_rank) in live}
-            keys = [(batch.id, row.line_number) for row in planned]
+            slot_of = {(batch.id, row.line_number): Slot(row.worker, row.dp_rank) for _, _, row in planned
+                       if row.worker is not None and Slot(row.worker, row.dp_rank) in live}
+            keys = [(batch.id, row.line_number) for _, _, row in planned]
             slot_of.update(self._choose_slots([key for key in keys if key not in slot_of], {}))
-            batch.lines.update((row.line_number, row) for row in planned)
-            self.plan_keeper.resume(batch.id, [(row.line_number, row.placement) for row in planned], [], items, slot_of)
+            batch.lines.update((row.line_number, row) for _, _, row in planned)
+            self.plan_keeper.resume(batch.id, [(row.line_number, placement) for _, placement, row in planned], [], items,
+                                    slot_of)
 
     def _lines_ready(self, batch: ActiveBatch, rows: list[LineRow], items: dict[int, WorkItem]) -> None:
         """Validated (or resumed) lines: those that fail without running get their result now; the
@@ -363,8 +379,11 @@ class BatchRunner:
     def _store_assignment(self, batch_id: str, assignment: Mapping[Slot, list[int]]) -> None:
         task = asyncio.get_running_loop().create_task(
             asyncio.to_thread(self.store.assign, batch_id, self.owner, assignment))
-        task.add_done_callback(lambda done: done.cancelled() or done.exception() is None
-                               or logger.warning("recording where lines run failed: %s", done.exception()))
+        def report(done: asyncio.Task) -> None:
+            if not done.cancelled() and done.exception() is not None:
+                logger.warning("recording where lines run failed: %s", done.exception())
+
+        task.add_done_callback(report)
 
     def _rebalance(self) -> None:
         """Lines queued on slots that are gone (a dead worker, a placeholder) move to the live ones:
@@ -427,6 +446,7 @@ class BatchRunner:
 
     async def _reload(self, batch: ActiveBatch) -> BatchRow:
         row = await asyncio.to_thread(self.store.get_batch, batch.id)
+        assert row is not None, "a batch is never deleted"
         if row.owner != self.owner:
             raise LeaseLost(f"batch {batch.id} is coordinated by {row.owner}, not {self.owner}")
         batch.row = row
