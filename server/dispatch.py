@@ -1,7 +1,8 @@
 """Sending a runner's lines to its workers: each slot takes the next line of its queue in the feed
 whenever its window (`server.window`) has room, so the scheduler always has the fronts of both plan
-sides to choose from, without holding the whole batch. Lines run at most once in effect: a result is committed only if its
-line is still pending, so a line that a dead worker did finish after all is not counted twice.
+sides to choose from, without holding the whole batch. Lines run at most once in effect: a result is
+committed only if its line is still pending, so a line that a dead worker did finish after all is
+not counted twice.
 """
 
 from __future__ import annotations
@@ -103,8 +104,10 @@ class Dispatcher:
         prepared = batch.prepared.line(line.byte_offset, line.byte_length)
         rid = f"{batch.id}-{line.line_number}-{self._rid_prefix}{next(self._tries)}"
         batch.requests[line.line_number] = (worker.url, rid)
+        custom_id = line.custom_id
+        assert custom_id is not None, "only valid lines run, and a valid line has its custom_id"
         try:
-            outcome = await self.pool.send(worker, line.custom_id, prepared, offline_routing_key(batch.id, placement),
+            outcome = await self.pool.send(worker, custom_id, prepared, offline_routing_key(batch.id, placement),
                                            rid, slot.dp_rank)
         except WorkerUnreachable:
             # never ran: first in line again, on its slot while the worker lives (else it moves)

@@ -54,7 +54,8 @@ def line_route_app(engine: Callable[[], Any], keys: tuple[str, ...]) -> Starlett
             records = [json.loads(text) for text in (await request.body()).splitlines() if text.strip()]
             calls = [(str(record["rid"]), record) for record in records]
         except (ValueError, KeyError, TypeError) as error:
-            return JSONResponse({"error": {"message": f"malformed line chunk: {error}", "type": "invalid_request"}}, 400)
+            return JSONResponse({"error": {"message": f"malformed line chunk: {error}", "type": "invalid_request"}},
+                                400)
         return StreamingResponse(_answers(running, calls), media_type="application/x-ndjson")
 
     async def abort_lines(request: Request) -> Response:

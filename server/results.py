@@ -109,7 +109,8 @@ class _ResultFiles:
             os.fsync(handle.fileno())
             end = os.fstat(handle.fileno()).st_size
             if end != self.committed[index] + len(chunk):
-                raise ForeignBytes(f"{handle.name} grew by {end - self.committed[index]} bytes, {len(chunk)} of them ours")
+                raise ForeignBytes(f"{handle.name} grew by {end - self.committed[index]} bytes, "
+                                   f"{len(chunk)} of them ours")
         commit.output_bytes, commit.error_bytes = self._appended_to
 
     def landed(self, commit: BatchCommit) -> None:

@@ -65,7 +65,8 @@ def build_router(context: ApiContext, keys: BatchKeys) -> APIRouter:
             upload = await receive_upload(request, partial, config.max_file_bytes)
             purpose = upload.fields.get("purpose")
             if purpose != INPUT_PURPOSE:
-                raise ApiError(400, f"purpose must be {INPUT_PURPOSE!r} on this server, got {purpose!r}", param="purpose")
+                raise ApiError(400, f"purpose must be {INPUT_PURPOSE!r} on this server, got {purpose!r}",
+                               param="purpose")
             now = int(time.time())
             expires_after = _expires_after({key[len("expires_after["):-1]: value for key, value in upload.fields.items()
                                             if key.startswith("expires_after[")} or None, "expires_after")
@@ -128,6 +129,7 @@ def build_router(context: ApiContext, keys: BatchKeys) -> APIRouter:
                            param="endpoint")
         window = body.get("completion_window")
         window_s = _window_seconds(window)
+        assert isinstance(window, str), "_window_seconds takes nothing else"
         metadata = _metadata(body.get("metadata"))
         output_expires_after = _expires_after(body.get("output_expires_after"), "output_expires_after")
         input_file = await _owned_file(store, input_file_id, who)

@@ -310,7 +310,8 @@ class BatchRunner:
         return as_read
 
     def _reads_prompts(self) -> bool:
-        return self.engine is not None or self.plan_keeper.line_planner is not None or len(self.workers.live_slots()) > 1
+        return (self.engine is not None or self.plan_keeper.line_planner is not None
+                or len(self.workers.live_slots()) > 1)
 
     async def _fail(self, batch: ActiveBatch, rejected: FileRejected) -> None:
         await asyncio.to_thread(self.store.fail_batch, batch.id, self.owner, [rejected.as_batch_error()],
@@ -333,8 +334,8 @@ class BatchRunner:
             keys = [(batch.id, row.line_number) for _, _, row in planned]
             slot_of.update(self._choose_slots([key for key in keys if key not in slot_of], {}))
             batch.lines.update((row.line_number, row) for _, _, row in planned)
-            self.plan_keeper.resume(batch.id, [(row.line_number, placement) for _, placement, row in planned], [], items,
-                                    slot_of)
+            places = [(row.line_number, placement) for _, placement, row in planned]
+            self.plan_keeper.resume(batch.id, places, [], items, slot_of)
 
     def _lines_ready(self, batch: ActiveBatch, rows: list[LineRow], items: dict[int, WorkItem]) -> None:
         """Validated (or resumed) lines: those that fail without running get their result now; the

@@ -31,9 +31,10 @@ importable from here.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Select, Table, or_, select, update
+from sqlalchemy import Connection, RowMapping, Select, Table, or_, select, update
 
 from sgl_blend.server.db import Database, open_database, retry_reads
 from sgl_blend.server.store_lines import LineQueries, fence
@@ -82,8 +83,9 @@ class BatchStore(LineQueries):
 
     @retry_reads
     def get_file(self, file_id: str, *, owner: str | None = None) -> FileRow | None:
+        query = _owned(select(files), files, owner).where(files.c.id == file_id)
         with self.db.read() as connection:
-            found = connection.execute(_owned(select(files), files, owner).where(files.c.id == file_id)).mappings().first()
+            found = connection.execute(query).mappings().first()
         return file_row(found) if found else None
 
     @retry_reads
@@ -96,8 +98,9 @@ class BatchStore(LineQueries):
 
     def delete_file(self, file_id: str, *, owner: str | None = None) -> FileRow | None:
         """Remove a file's row (None if there is none); refuse while an unfinished batch reads it."""
+        query = _owned(select(files), files, owner).where(files.c.id == file_id)
         with self.db.transaction() as connection:
-            found = connection.execute(_owned(select(files), files, owner).where(files.c.id == file_id)).mappings().first()
+            found = connection.execute(query).mappings().first()
             if found is None:
                 return None
             user = connection.execute(select(batches.c.id).where(batches.c.input_file_id == file_id,
@@ -215,11 +218,12 @@ class BatchStore(LineQueries):
     # Helpers
 
     def _page(self, table: Table, query: Select, *, after: str | None, limit: int, descending: bool,
-              owner: str | None) -> tuple[list[Any], bool]:
+              owner: str | None) -> tuple[Sequence[RowMapping], bool]:
         query = _owned(query, table, owner)
         with self.db.read() as connection:
             if after is not None:
-                anchor = connection.execute(_owned(select(table.c.seq), table, owner).where(table.c.id == after)).scalar()
+                anchor = connection.execute(_owned(select(table.c.seq), table, owner)
+                                            .where(table.c.id == after)).scalar()
                 if anchor is None:
                     raise KeyError(after)
                 query = query.where(table.c.seq < anchor if descending else table.c.seq > anchor)
@@ -234,7 +238,8 @@ def _owned(query: Select, table: Table, owner: str | None) -> Select:
 
 
 def _batch(connection: Connection, batch_id: str, owner: str | None) -> BatchRow | None:
-    found = connection.execute(_owned(select(batches), batches, owner).where(batches.c.id == batch_id)).mappings().first()
+    query = _owned(select(batches), batches, owner).where(batches.c.id == batch_id)
+    found = connection.execute(query).mappings().first()
     return batch_row(found) if found else None
 
 

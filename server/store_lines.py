@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, Update, bindparam, select, update
 
 from sgl_blend.core.placement import Placement
 from sgl_blend.server.db import Database, retry_reads
@@ -69,7 +69,8 @@ class LineQueries:
         nothing, when the batch is no longer ``validating`` (cancelled meanwhile)."""
         with self.db.transaction() as connection:
             fence(connection, batch_id, owner)
-            result = connection.execute(update(batches).where(batches.c.id == batch_id, batches.c.status == "validating")
+            result = connection.execute(update(batches)
+                                        .where(batches.c.id == batch_id, batches.c.status == "validating")
                                         .values(status="in_progress", in_progress_at=now, total=total))
             return result.rowcount == 1
 
@@ -78,7 +79,8 @@ class LineQueries:
         rows = [{"worker_": slot.worker, "dp_rank_": slot.dp_rank, "line": line}
                 for slot, lines in assignment.items() for line in lines]
         statement = (update(batch_lines)
-                     .where(_lines.batch_id == batch_id, _lines.state == PENDING, _lines.line_number == bindparam("line"))
+                     .where(_lines.batch_id == batch_id, _lines.state == PENDING,
+                            _lines.line_number == bindparam("line"))
                      .values(worker=bindparam("worker_"), dp_rank=bindparam("dp_rank_")))
         self._update_lines(batch_id, owner, statement, rows)
 
@@ -88,7 +90,8 @@ class LineQueries:
         rows = [{"rank": rank, "placement_": placement.encode() if placement else None, "line": line}
                 for line, rank, placement in places]
         statement = (update(batch_lines)
-                     .where(_lines.batch_id == batch_id, _lines.state == PENDING, _lines.line_number == bindparam("line"))
+                     .where(_lines.batch_id == batch_id, _lines.state == PENDING,
+                            _lines.line_number == bindparam("line"))
                      .values(plan_rank=bindparam("rank"), placement=bindparam("placement_")))
         self._update_lines(batch_id, owner, statement, rows)
         kill_point("plan_stored")
@@ -125,8 +128,9 @@ class LineQueries:
 
     def commit_results(self, owner: str, commit: BatchCommit) -> None:
         """Mark lines done and move the committed lengths and counters, in one transaction, and
-        clear what `BatchStore.note_errors` showed (results are being written again). Raises `LeaseLost` if another runner took the batch over, and `AlreadyCommitted` if a line
-        is no longer pending; either way nothing changes."""
+        clear what `BatchStore.note_errors` showed (results are being written again). Raises
+        `LeaseLost` if another runner took the batch over, and `AlreadyCommitted` if a line is no
+        longer pending; either way nothing changes."""
         lines = commit.completed_lines + commit.failed_lines
         with self.db.transaction() as connection:
             fence(connection, commit.batch_id, owner)
@@ -155,7 +159,7 @@ class LineQueries:
             kill_point("before_commit")
         kill_point("after_commit")
 
-    def _update_lines(self, batch_id: str, owner: str, statement: object, rows: list[dict]) -> None:
+    def _update_lines(self, batch_id: str, owner: str, statement: Update, rows: list[dict]) -> None:
         with self.db.transaction() as connection:
             fence(connection, batch_id, owner)
             for start in range(0, len(rows), INSERT_CHUNK):

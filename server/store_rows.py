@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from sgl_blend.core.placement import Placement
+
+if TYPE_CHECKING:
+    from sqlalchemy import RowMapping
 
 ACTIVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_STATUSES = ("completed", "failed", "expired", "cancelled")
@@ -123,18 +127,18 @@ _BATCH_FIELDS = tuple(BatchRow.__dataclass_fields__)
 _LINE_FIELDS = tuple(LineRow.__dataclass_fields__)
 
 
-def batch_row(row: Mapping[str, Any]) -> BatchRow:
+def batch_row(row: RowMapping | Mapping[str, Any]) -> BatchRow:
     values = {name: row[name] for name in _BATCH_FIELDS}
     for name in _BATCH_JSON_COLUMNS:
         values[name] = json.loads(values[name]) if values[name] is not None else None
     return BatchRow(**values)
 
 
-def file_row(row: Mapping[str, Any]) -> FileRow:
+def file_row(row: RowMapping | Mapping[str, Any]) -> FileRow:
     return FileRow(**{name: row[name] for name in FileRow.__dataclass_fields__})
 
 
-def line_row(row: Mapping[str, Any]) -> LineRow:
+def line_row(row: RowMapping | Mapping[str, Any]) -> LineRow:
     values = {name: row[name] for name in _LINE_FIELDS}
     values["placement"] = Placement.decode(values["placement"]) if values["placement"] else None
     return LineRow(**values)

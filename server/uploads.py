@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from fastapi import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
 
 FILE_FIELD = "file"
 MAX_FORM_FIELD_BYTES = 64 * 1024
@@ -64,7 +67,7 @@ class _FormReceiver:
         self._field_value = bytearray()
         self._file: BinaryIO | None = None
 
-    def callbacks(self) -> dict:
+    def callbacks(self) -> MultipartCallbacks:
         return {"on_part_begin": self._part_begin, "on_header_field": self._header_field_data,
                 "on_header_value": self._header_value_data, "on_header_end": self._header_end,
                 "on_headers_finished": self._headers_finished, "on_part_data": self._part_data,

@@ -22,11 +22,18 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
-from tenacity import (AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_any,
-                      wait_exponential, wait_random)
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
 
 from sgl_blend.batch_lines.lines import error_record
 from sgl_blend.batch_lines.outcome import AnswerLost, LineOutcome, LineUsage, WorkerUnreachable, aborted_outcome
@@ -142,6 +149,7 @@ class WorkerPool:
         failed_at = 0.0
 
         def note_failure(state: RetryCallState) -> None:
+            assert state.outcome is not None, "tenacity sleeps only after an attempt"
             logger.info("line %s on %s: %s; trying again in %.1f s", custom_id, worker.url,
                         state.outcome.exception(), state.upcoming_sleep)
 
@@ -155,8 +163,12 @@ class WorkerPool:
                 pause = RETRY_FIRST_S + random.uniform(0, RETRY_FIRST_S)
                 logger.info("line %s on %s: %s; trying again in %.1f s", custom_id, worker.url, first, pause)
             await asyncio.sleep(pause)
-            retrying = AsyncRetrying(stop=stop_any(stop_after_attempt(SEND_TRIES - 1),
-                                                   lambda _state: not worker.live or rid in self._aborted),
+            attempts = stop_after_attempt(SEND_TRIES - 1)
+
+            def stop(state: RetryCallState) -> bool:
+                return attempts(state) or not worker.live or rid in self._aborted
+
+            retrying = AsyncRetrying(stop=stop,
                                      wait=wait_exponential(multiplier=2 * RETRY_FIRST_S, max=RETRY_MAX_S)
                                      + wait_random(0, RETRY_FIRST_S),
                                      retry=retry_if_exception_type((_Transient, AnswerLost)),

@@ -31,11 +31,11 @@ def offline_headers(job_id: str = "", placement: Placement | None = None) -> dic
 
 def placement_of(routing_key: str | None) -> Placement | None:
     """The plan placement an offline routing key carries, if any."""
-    if not is_offline(routing_key) or PLACEMENT_SEPARATOR not in routing_key:
+    if routing_key is None or not is_offline(routing_key) or PLACEMENT_SEPARATOR not in routing_key:
         return None
     return Placement.decode(routing_key.rsplit(PLACEMENT_SEPARATOR, 1)[1])
 
 
 def is_offline(routing_key: str | None) -> bool:
     """Whether a scheduler-side routing key marks offline work."""
-    return bool(routing_key) and routing_key.startswith(OFFLINE_KEY_PREFIX)
+    return bool(routing_key and routing_key.startswith(OFFLINE_KEY_PREFIX))

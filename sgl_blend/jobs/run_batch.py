@@ -170,13 +170,19 @@ def follow_job(files: JobFiles, start: BatchRow, alive: Callable[[], bool], show
     reader = BatchStore.open("", files.store_dir, lock=False)
     bar = tqdm(total=start.total or None, initial=start.completed + start.failed, unit="req",
                disable=not show_progress, dynamic_ncols=True)
+
+    def current() -> BatchRow:
+        row = reader.get_batch(start.id)
+        assert row is not None, "a batch is never deleted"
+        return row
+
     try:
         row = start
         while row.status not in TERMINAL_STATUSES and alive():
             time.sleep(POLL_S)
-            row = reader.get_batch(start.id)
+            row = current()
             _show(bar, row, start, time.monotonic() - began)
-        row = reader.get_batch(start.id)
+        row = current()
     finally:
         bar.close()
         reader.close()
