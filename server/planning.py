@@ -27,7 +27,7 @@ import asyncio
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -210,10 +210,11 @@ class PlanKeeper:
         await asyncio.to_thread(self._store_plan, order, placements, first_rank)
 
     def _plan_lines(self, lines: list[tuple[LineKey, WorkItem]], observed: Mapping[LineKey, tuple[WorkItem, int]],
-                    ) -> tuple[BatchPlan, dict[Hashable, Placement]]:
+                    ) -> tuple[BatchPlan[LineKey], dict[LineKey, Placement]]:
         """The plan and its lines' placements (in a worker thread: tens of thousands of them cost
         the event loop too long), each carrying the digest of the prompt ids it was planned on,
         which the scheduler checks against the ids it runs."""
+        assert self.line_planner is not None, "only a keeper with a planner plans (step)"
         items = [WorkItem(key, item.prompt_ids, item.max_new_tokens, item.exact_output_len) for key, item in lines]
         plan = self.line_planner.plan(items, observed, 0.0)
         prompts = {item.key: prompt_digest(item.prompt_ids) for item in items}
@@ -232,7 +233,8 @@ class PlanKeeper:
 
     def _is_sample(self, key: LineKey) -> bool:
         item = self.items.get(key)
-        return item is not None and self.line_planner.blend and is_sample(key[0], key[1], item)
+        planner = self.line_planner
+        return item is not None and planner is not None and planner.blend and is_sample(key[0], key[1], item)
 
     def _sample_placement(self, key: LineKey) -> Placement:
         with self._ranks_lock:
