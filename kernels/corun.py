@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import statistics
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from sgl_blend.kernels.timing import median_seconds
 from sgl_blend.forward_time.overlap import fit_overlap
+from sgl_blend.kernels.timing import median_seconds
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 
@@ -71,7 +72,8 @@ def _green_context(num_sms: int, device: torch.device) -> tuple[object, torch.cu
     releases: newer ones hand out the stream, older ones make the context current)."""
     from torch.cuda.green_contexts import GreenContext
 
-    context = GreenContext.create(num_sms=num_sms, device_id=device.index or 0)
+    # torch annotates the context as `object`; its methods differ between releases (above)
+    context: Any = GreenContext.create(num_sms=num_sms, device_id=device.index or 0)
     if hasattr(context, "Stream"):
         return context, context.Stream()
     context.set_context()
@@ -100,14 +102,14 @@ def _together(gemm: Callable[[], object], attention: Callable[[], object], devic
 
         return run
 
-    def run() -> None:
+    def run_threads() -> None:
         threads = [threading.Thread(target=lambda op=op: [op() for _ in range(loops)]) for op in (gemm, attention)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
 
-    return run
+    return run_threads
 
 
 def measure_corun(tokens: int, batch: int, kv_len: int, device: torch.device, dtype: torch.dtype,
@@ -120,7 +122,7 @@ def measure_corun(tokens: int, batch: int, kv_len: int, device: torch.device, dt
     def timed(run: Callable[[], object]) -> float:
         return median_seconds(run, device, repeats, warmup=1)
 
-    alone = [timed(lambda op=op: [op() for _ in range(loops)]) for op in (gemm, attention)]
+    alone = [timed(_repeated(op, loops)) for op in (gemm, attention)]
     together = timed(_together(gemm, attention, device, loops))
     sample = CorunSample(tokens, batch, kv_len, alone[0] / loops, alone[1] / loops, together / loops)
     best: GreenPartition | None = None
@@ -133,6 +135,11 @@ def measure_corun(tokens: int, batch: int, kv_len: int, device: torch.device, dt
             timed(_on_stream(op, stream, device, loops)) / loops
             for op, stream in zip((gemm, attention), best.streams))
     return sample
+
+
+def _repeated(op: Callable[[], object], loops: int) -> Callable[[], list[object]]:
+    """``op`` ``loops`` times, one launch after another."""
+    return lambda: [op() for _ in range(loops)]
 
 
 def _on_stream(op: Callable[[], object], stream: torch.cuda.Stream, device: torch.device,
@@ -171,6 +178,8 @@ def green_partitions(device: torch.device, gemm_shares: Sequence[float] = (0.5, 
 
 def corun_grid(device: torch.device, quick: bool = False) -> list[tuple[int, int, int]]:
     """Sizes spanning compute/memory ratios from about 1:4 to 4:1 on the device at hand."""
+    gemm_tokens: tuple[int, ...]
+    attentions: tuple[tuple[int, int], ...]
     if device.type == "cuda":
         gemm_tokens = (256, 1024, 2048, 4096, 8192)
         attentions = ((16, 4096), (64, 4096), (64, 8192), (128, 8192), (256, 8192))
@@ -184,13 +193,20 @@ def fit_report(samples: Sequence[CorunSample]) -> dict:
     """Per co-run mode, the free fit ``a max + b min + k`` and the one-parameter form the
     simulator's ``interference`` overlap uses (``a = 1, k = 0``), each with its mean error."""
     modes = {"naive": [(s.gemm_s, s.attention_s, s.together_s) for s in samples]}
-    if all(s.partitioned_s is not None for s in samples):
-        modes["partitioned"] = [(s.gemm_s, s.attention_s, s.partitioned_s) for s in samples]
-        modes["partition_bound"] = [(s.gemm_s, s.attention_s, max(s.gemm_on_partition_s, s.attention_on_partition_s))
-                                    for s in samples]
-    report = {mode: _fit(triples) for mode, triples in modes.items()}
+    partitioned = [(s.gemm_s, s.attention_s, s.partitioned_s) for s in samples if s.partitioned_s is not None]
+    if len(partitioned) == len(samples):
+        modes["partitioned"] = partitioned
+        modes["partition_bound"] = [(s.gemm_s, s.attention_s, _partition_bound(s)) for s in samples]
+    report: dict[str, Any] = {mode: _fit(triples) for mode, triples in modes.items()}
     report["samples"] = [asdict(s) for s in samples]
     return report
+
+
+def _partition_bound(sample: CorunSample) -> float:
+    """The longer of the two ops alone on the best split's partitions, measured with that split."""
+    gemm_s, attention_s = sample.gemm_on_partition_s, sample.attention_on_partition_s
+    assert gemm_s is not None and attention_s is not None, "measured wherever a split was kept"
+    return max(gemm_s, attention_s)
 
 
 def _fit(triples: list[tuple[float, float, float]]) -> dict:

@@ -42,7 +42,8 @@ def _shapes(device: torch.device, quick: bool) -> tuple[list[tuple[int, int, int
         attentions = [(batch, kv_len) for batch, kv_len in ((32, 1024), (64, 4096), (128, 8192))]
     else:
         gemms = [(tokens, 1024, 2816) for tokens in ((16, 128, 512) if quick else (16, 128, 512, 2048))]
-        attentions = [(batch, kv_len) for batch, kv_len in (((4, 512), (8, 2048)) if quick else ((4, 512), (8, 2048), (16, 4096)))]
+        shapes = ((4, 512), (8, 2048)) if quick else ((4, 512), (8, 2048), (16, 4096))
+        attentions = [(batch, kv_len) for batch, kv_len in shapes]
     return gemms, attentions
 
 
@@ -52,14 +53,15 @@ def run_profile(out: Path, device: str | None = None, quick: bool = False) -> di
     dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
     gemm_shapes, attention_shapes = _shapes(target, quick)
     gemms = [measure_gemm(tokens, hidden, ffn, target, dtype) for tokens, hidden, ffn in gemm_shapes]
-    attentions = [measure_decode_attention(batch, kv_len, 32, 8, 128, target, dtype) for batch, kv_len in attention_shapes]
+    attentions = [measure_decode_attention(batch, kv_len, 32, 8, 128, target, dtype)
+                  for batch, kv_len in attention_shapes]
     spec = HardwareSpec(
         name=_device_name(target),
         flops=max(result.flops_per_s for result in gemms),
         bandwidth=max(result.bytes_per_s for result in attentions),
         kv_memory_bytes=_kv_memory_bytes(target),
     )
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"op": "gemm", "shape": f"{r.tokens}x{r.hidden}x{r.ffn}", "measured_ms": r.seconds * 1e3,
          "estimated_ms": r.flops / spec.flops * 1e3} for r in gemms
     ] + [

@@ -8,6 +8,7 @@ copy rate this machine really reaches, per direction, from pinned host memory. O
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -35,9 +36,11 @@ def measure_transfers(device: torch.device, sizes_mib: tuple[int, ...] = (1, 16,
         host = torch.empty(size * MIB, dtype=torch.uint8, pin_memory=pinned)
         on_device = torch.empty(size * MIB, dtype=torch.uint8, device=device)
         results.append(TransferResult("host_to_device", size * MIB,
-                                      median_seconds(lambda: on_device.copy_(host, non_blocking=pinned), device)))
+                                      median_seconds(functools.partial(on_device.copy_, host, non_blocking=pinned),
+                                                     device)))
         results.append(TransferResult("device_to_host", size * MIB,
-                                      median_seconds(lambda: host.copy_(on_device, non_blocking=pinned), device)))
+                                      median_seconds(functools.partial(host.copy_, on_device, non_blocking=pinned),
+                                                     device)))
     return results
 
 
