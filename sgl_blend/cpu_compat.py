@@ -74,6 +74,8 @@ class _Unavailable:
 
 
 class _KernelStubModule(types.ModuleType):
+    SGL_BLEND_STUB: bool  # set on each stub, which `_is_stub` reads
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)

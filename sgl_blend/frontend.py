@@ -12,9 +12,10 @@ variable says so), and every other line that runs is SGLang's own.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any
 
 from sglang.lang.backend import runtime_endpoint
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
@@ -24,20 +25,25 @@ from sgl_blend.offline import offline_routing_key
 _routing_key: ContextVar[str | None] = ContextVar("sgl_blend_routing_key", default=None)
 
 
-def _with_routing_key(http_request: Any) -> Any:
-    def http_request_with_key(url: str, json: Any = None, *args: Any, **kwargs: Any) -> Any:
+class _WithRoutingKey:
+    """SGLang's ``http_request``, adding the routing key of the job in context to ``/generate``
+    bodies; ``sgl_blend_wrapped`` marks it so that it is installed once."""
+
+    sgl_blend_wrapped = True
+
+    def __init__(self, http_request: Callable[..., Any]) -> None:
+        self.http_request = http_request
+
+    def __call__(self, url: str, json: Any = None, *args: Any, **kwargs: Any) -> Any:
         key = _routing_key.get()
         if key and isinstance(json, dict) and url.endswith("/generate"):
             json = {**json, "routing_key": key}
-        return http_request(url, json, *args, **kwargs)
-
-    http_request_with_key.sgl_blend_wrapped = True
-    return http_request_with_key
+        return self.http_request(url, json, *args, **kwargs)
 
 
 def _install() -> None:
     if not getattr(runtime_endpoint.http_request, "sgl_blend_wrapped", False):
-        runtime_endpoint.http_request = _with_routing_key(runtime_endpoint.http_request)
+        runtime_endpoint.http_request = _WithRoutingKey(runtime_endpoint.http_request)
 
 
 class OfflineRuntimeEndpoint(RuntimeEndpoint):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 DEFAULT_MAX_N = 16
 DEFAULT_MAX_TOKENS = 131_072
@@ -65,7 +66,7 @@ def validate_body(url: str, encoded: bytes, caps: BodyCaps) -> BaseModel | str:
     return request
 
 
-def _describe(problem: dict) -> str:
+def _describe(problem: ErrorDetails) -> str:
     """``messages.0.role: Field required``: the field's path without pydantic's names for the union
     members and validators it tried on the way."""
     path = ".".join(str(part) for part in problem["loc"] if not any(mark in str(part) for mark in "[(,"))

@@ -42,8 +42,12 @@ def submit(client: openai.OpenAI, path: Path, *, endpoint: str | None = None, co
            metadata: dict[str, str] | None = None) -> Batch:
     with path.open("rb") as handle:
         uploaded = client.files.create(file=(path.name, handle), purpose="batch")
-    return client.batches.create(input_file_id=uploaded.id, endpoint=endpoint or first_url(path),
-                                 completion_window=completion_window, metadata=metadata)
+    # The SDK types both as OpenAI's own values; this server takes any endpoint it serves and any
+    # window (``30m``, ``90s``), which the SDK sends as they are.
+    return client.batches.create(input_file_id=uploaded.id,
+                                 endpoint=endpoint or first_url(path),  # type: ignore[arg-type]
+                                 completion_window=completion_window,  # type: ignore[arg-type]
+                                 metadata=metadata)
 
 
 def wait(client: openai.OpenAI, batch_id: str, *, progress: bool = True, poll_s: float = 1.0) -> Batch:

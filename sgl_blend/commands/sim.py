@@ -91,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     model, hardware, config = engine.model, engine.hardware, engine.config
     cost = CostModel(model, hardware)
-    fitted = tuple(float(part) for part in args.fitted.split(",")) if args.fitted else None
+    coefficients = [float(part) for part in args.fitted.split(",")] if args.fitted else []
+    if coefficients and len(coefficients) != 3:
+        print(f"error: --fitted takes three numbers a,b,k, got {args.fitted!r}", file=sys.stderr)
+        return 2
+    fitted = (coefficients[0], coefficients[1], coefficients[2]) if coefficients else None
     overlap = hardware_overlap(hardware, args.overlap, args.interference, fitted)
     try:
         requests, meta = load_workload(args.workload, args.n, cost, args.seed, args.model)
@@ -120,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         report["policies"][name] = summarise(results[name], bound)
     compare_to(report["policies"], results, "dfs")
     if args.plot:
-        plot_steps({name: binned(result) for name, result in results.items()}, args.plot, f"{args.workload} on {model.name} / {hardware.name}")
+        plot_steps({name: binned(result) for name, result in results.items()}, args.plot,
+                   f"{args.workload} on {model.name} / {hardware.name}")
     if args.json:
         print(json.dumps(report, indent=2))
     else:

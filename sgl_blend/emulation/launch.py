@@ -36,7 +36,8 @@ class LaunchSettings(Protocol):
     """The plugin's settings as a launch extends them: `PluginSettings`, which imports this package
     (the plugin reads `EmulationConfig`), so it is named here by what it does."""
 
-    hardware: str | None
+    @property
+    def hardware(self) -> str | None: ...
 
     def updated(self, **changes: Any) -> Any: ...
 

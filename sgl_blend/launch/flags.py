@@ -8,7 +8,8 @@ the torch-native attention backend, a bounded KV pool (the default memory fracti
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Iterable, Sequence
+from typing import overload
 
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 CPU_THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
@@ -36,6 +37,14 @@ def with_defaults(argv: Sequence[str], defaults: Sequence[tuple[str, str | None]
     return extended
 
 
+@overload
+def flag_value(argv: Sequence[str], flag: str, default: str) -> str: ...
+
+
+@overload
+def flag_value(argv: Sequence[str], flag: str, default: None = None) -> str | None: ...
+
+
 def flag_value(argv: Sequence[str], flag: str, default: str | None = None) -> str | None:
     """The value of ``flag`` in argv (last occurrence wins, as in argparse)."""
     value = default
@@ -47,15 +56,15 @@ def flag_value(argv: Sequence[str], flag: str, default: str | None = None) -> st
     return value
 
 
-def cpu_thread_binding(ranks: int, cpus: Sequence[int]) -> str:
+def cpu_thread_binding(ranks: int, cpus: Iterable[int]) -> str:
     """A ``SGLANG_CPU_OMP_THREADS_BIND`` value giving each of ``ranks`` scheduler processes its own
     cores: contiguous equal groups, or, with more ranks than cores, one core each in turn. SGLang
     otherwise wants one NUMA node per rank, and a small machine has one node."""
-    cpus = sorted(cpus)
-    if not cpus or ranks < 1:
+    ordered = sorted(cpus)
+    if not ordered or ranks < 1:
         raise ValueError("need at least one rank and one core")
-    if ranks > len(cpus):
-        return "|".join(str(cpus[rank % len(cpus)]) for rank in range(ranks))
-    size = len(cpus) // ranks
-    groups = [cpus[rank * size:(rank + 1) * size] for rank in range(ranks)]
+    if ranks > len(ordered):
+        return "|".join(str(ordered[rank % len(ordered)]) for rank in range(ranks))
+    size = len(ordered) // ranks
+    groups = [ordered[rank * size:(rank + 1) * size] for rank in range(ranks)]
     return "|".join(",".join(str(cpu) for cpu in group) for group in groups)

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from sgl_blend import cpu_compat
 from sgl_blend.launch import lifeline
 from sgl_blend.sglang_plugin.settings import PluginSettings, SettingsError
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         kill_process_tree(os.getpid(), include_parent=False)
 
 
-def _bind_cpu_ranks(server_args: object) -> None:
+def _bind_cpu_ranks(server_args: ServerArgs) -> None:
     """On a CPU, give each scheduler process (DP x TP x PP of them) its own cores, unless the user
     chose a binding: SGLang's default wants one NUMA node per rank and refuses to start without."""
     from sgl_blend.launch.flags import CPU_THREADS_BIND_ENV, cpu_thread_binding
@@ -51,7 +55,7 @@ def _bind_cpu_ranks(server_args: object) -> None:
         os.environ[CPU_THREADS_BIND_ENV] = cpu_thread_binding(ranks, os.sched_getaffinity(0))
 
 
-def _mount_routes(server_args: object, settings: PluginSettings) -> None:
+def _mount_routes(server_args: ServerArgs, settings: PluginSettings) -> None:
     from sgl_blend.server.config import BatchApiConfig
 
     config = BatchApiConfig.from_env()

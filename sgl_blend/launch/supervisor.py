@@ -128,7 +128,9 @@ def start_server(
     """
     argv = server_argv(model, sglang_args, cache_dir)
     host = flag_value(argv, "--host", "127.0.0.1")
-    refuse_busy_port(host, int(flag_value(argv, "--port")))
+    port = flag_value(argv, "--port")
+    assert port is not None, "server_argv gives every server a port"
+    refuse_busy_port(host, int(port))
     env = dict(os.environ)
     if not cpu_compat.cuda_present():
         env.update(CPU_ENV)

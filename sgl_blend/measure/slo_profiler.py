@@ -52,6 +52,7 @@ def resolve_slos(requested: dict[str, str], baseline: Callable[[], dict[str, flo
     slos = []
     for metric, value in requested.items():
         if value == BASELINE:
+            assert measured is not None, "measured above, since a target asks for it"
             slos.append(SLO(metric, measured[metric]))
             continue
         try:

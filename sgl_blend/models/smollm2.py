@@ -44,8 +44,9 @@ def build(directory: Path) -> None:
     config = quantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.torch_dtype = torch.bfloat16
+    config.dtype = torch.bfloat16
     model = LlamaForCausalLM(config)
     model.load_state_dict(quantised.state_dict())
-    model.to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
+    # transformers wraps `to` with functools.wraps, whose type keeps torch's unbound `self` parameter
+    model.to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)  # type: ignore[arg-type]
     tokenizer.save_pretrained(directory)

@@ -44,7 +44,7 @@ def build(directory: Path) -> None:
         num_key_value_heads=2,
         max_position_embeddings=CONTEXT_LENGTH,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        dtype="float32",
         **special,
     )
     torch.manual_seed(SEED)

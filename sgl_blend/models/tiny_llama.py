@@ -70,7 +70,7 @@ def build(directory: Path) -> None:
         eos_token_id=1,
         pad_token_id=2,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)

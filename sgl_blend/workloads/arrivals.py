@@ -17,7 +17,8 @@ BURST_HIGH, BURST_LOW = 1.5, 0.5
 def poisson_times(rate_at: Callable[[float], float], peak: float, duration_s: float, seed: int) -> list[float]:
     """A Poisson process with rate ``rate_at(t)``, by thinning one of rate ``peak``."""
     rng = random.Random(seed)
-    times, now = [], 0.0
+    times: list[float] = []
+    now = 0.0
     while True:
         now += rng.expovariate(peak)
         if now >= duration_s:

@@ -82,7 +82,7 @@ def documents(count: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     replies = _replies(seed)
     low, high = (math.log(tokens) for tokens in DOCUMENT_TOKENS)
-    texts = []
+    texts: list[str] = []
     for _ in range(count):
         target = round(math.exp(rng.uniform(low, high)) * CHARS_PER_TOKEN)
         parts, length = [], 0
@@ -115,9 +115,10 @@ def docqa_lines(lines: int, seed: int = 0) -> list[dict]:
     family_lines = lines - unique
     sizes = family_sizes(family_lines, max(1, family_lines // MEAN_FAMILY_LINES))
     rng = random.Random(seed)
-    out = []
+    out: list[dict] = []
     for family, (document, size) in enumerate(zip(documents(len(sizes), seed), sizes)):
-        out.extend(_family_line(f"doc{family}-q{index}", document, _question(document, rng), rng.randint(*ANSWER_TOKENS))
+        out.extend(_family_line(f"doc{family}-q{index}", document, _question(document, rng),
+                                rng.randint(*ANSWER_TOKENS))
                    for index in range(size))
     chats = sharegpt_lines(unique, seed=seed, max_prompt_chars=sharegpt.MAX_CHARS,
                            max_tokens_cap=sharegpt.MAX_NEW_TOKENS)

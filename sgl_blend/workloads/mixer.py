@@ -1,12 +1,13 @@
 """Mix traces to a target compute density and prefix-sharing ratio (paper Appendix A.3).
 
-A compute-heavy trace (BurstGPT by default; Azure, LIMO or real ShareGPT too) and the memory-heavy OpenVid set the density; MMLU,
-whose few-shot prefixes are shared, sets the sharing ratio. Each trace is a seeded stream and a
-mix takes the first ``c``, ``v`` and ``m`` requests of the three streams, so the mix's exact
-totals are prefix sums and the counts are found by nested integer bisection on the real requests
-(not on trace means, which OpenVid's heavy output tail makes unreliable at small ``n``): outer on
-the MMLU count for sharing, inner on the OpenVid count for density. The result is shuffled with
-the seed into its submission order, so (n, density, sharing, seed) always gives the same workload.
+A compute-heavy trace (BurstGPT by default; Azure, LIMO or real ShareGPT too) and the memory-heavy
+OpenVid set the density; MMLU, whose few-shot prefixes are shared, sets the sharing ratio. Each
+trace is a seeded stream and a mix takes the first ``c``, ``v`` and ``m`` requests of the three
+streams, so the mix's exact totals are prefix sums and the counts are found by nested integer
+bisection on the real requests (not on trace means, which OpenVid's heavy output tail makes
+unreliable at small ``n``): outer on the MMLU count for sharing, inner on the OpenVid count for
+density. The result is shuffled with the seed into its submission order, so (n, density, sharing,
+seed) always gives the same workload.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def _bisect(low: int, high: int, too_low) -> int:
     return low
 
 
-def solve_counts(n: int, density: float, sharing: float, streams: tuple[_Stream, _Stream, _Stream]) -> tuple[int, int, int]:
+def solve_counts(n: int, density: float, sharing: float,
+                 streams: tuple[_Stream, _Stream, _Stream]) -> tuple[int, int, int]:
     def with_mmlu(m: int) -> tuple[int, int, int]:
         v = _bisect(0, n - m, lambda v: _properties(streams, (n - m - v, v, m))[0] > density)
         if v > 0:
@@ -100,15 +102,18 @@ def solve_counts(n: int, density: float, sharing: float, streams: tuple[_Stream,
 
 def mix(n: int, density: float, sharing: float, cost: CostModel, seed: int = 0,
         compute_trace: str = "burstgpt", long_output_scale: float = 1.0) -> list[SimRequest]:
-    streams = tuple(_Stream.of(_generate(trace, n, seed, long_output_scale), cost)
-                    for trace in (compute_trace, "openvid", "mmlu"))
+    def stream(trace: str) -> _Stream:
+        return _Stream.of(_generate(trace, n, seed, long_output_scale), cost)
+
+    streams = (stream(compute_trace), stream("openvid"), stream("mmlu"))
     counts = solve_counts(n, density, sharing, streams)
     requests = [request for stream, count in zip(streams, counts) for request in stream.requests[:count]]
     random.Random(seed).shuffle(requests)
     return requests
 
 
-def named_workload(name: str, n: int, cost: CostModel, seed: int = 0, long_output_scale: float = 1.0) -> list[SimRequest]:
+def named_workload(name: str, n: int, cost: CostModel, seed: int = 0,
+                   long_output_scale: float = 1.0) -> list[SimRequest]:
     """``trace1``..``trace4`` (Table 2) or ``DENSITY:SHARING`` (e.g. ``1.2:0.25``)."""
     density, sharing = TABLE2_TRACES[name] if name in TABLE2_TRACES else (float(part) for part in name.split(":"))
     return mix(n, density, sharing, cost, seed, long_output_scale=long_output_scale)

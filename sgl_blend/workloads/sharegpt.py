@@ -95,6 +95,7 @@ def load(n: int, seed: int = 0, tokenizer_dir: Path | None = None, pool: int = 2
         repeats = Counter(digests[pick] for pick in picks)
     system = (chain_hash("", "sharegpt/system"), SYSTEM_LEN)
     requests = []
+    prefix: tuple[tuple[str, int], ...]
     for i, pick in enumerate(picks):
         prompt_len, output = max(1, len(prompts[pick])), max(1, len(replies[pick]))
         if repeats[digests[pick]] > 1:
