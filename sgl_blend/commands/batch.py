@@ -1,4 +1,4 @@
-"""Submit and follow batches on a running server through its OpenAI Batch API (submit, status, cancel, download, list)."""
+"""Submit and follow batches on a running server through its OpenAI Batch API (submit, status, cancel, download, list)."""  # noqa: E501 - the first line is the --help summary
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Price a batch file before running it: predicted job time, the T_o bound and prompt tokens saved by sharing, per order."""
+"""Price a batch file before running it: predicted job time, the T_o bound and prompt tokens saved by sharing, per order."""  # noqa: E501 - the first line is the --help summary
 
 from __future__ import annotations
 

@@ -19,9 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="several nodes: one server per host behind SGLang's router (default: this node only)")
     parser.add_argument("--port", type=int, default=30000, help="each server's port")
     parser.add_argument("--router-port", type=int, default=8000, help="the router's port (several nodes)")
-    parser.add_argument("--batch-store", default="", metavar="URL", help="postgresql:// URL (required for several nodes)")
-    parser.add_argument("--data-dir", default="", help="batch data directory (on a shared filesystem for several nodes)")
-    parser.add_argument("--hardware", default="", help="cost-model device of one GPU (a100-80g, h100-sxm, h200, or a profile)")
+    parser.add_argument("--batch-store", default="", metavar="URL",
+                        help="postgresql:// URL (required for several nodes)")
+    parser.add_argument("--data-dir", default="",
+                        help="batch data directory (on a shared filesystem for several nodes)")
+    parser.add_argument("--hardware", default="",
+                        help="cost-model device of one GPU (a100-80g, h100-sxm, h200, or a profile)")
     parser.add_argument("--execute", action="store_true", help="run the single-node command instead of printing it")
     parser.set_defaults(accepts_extra_args=True)
 

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("-i", "--input", type=Path, required=True, help="input JSONL (OpenAI batch line format)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="output JSONL (appended; resumable)")
-    parser.add_argument("--error-file", type=Path, default=None, help="error JSONL (default: OUTPUT with .errors.jsonl)")
+    parser.add_argument("--error-file", type=Path, default=None,
+                        help="error JSONL (default: OUTPUT with .errors.jsonl)")
     parser.add_argument("--model", required=True, help="tiny-llama, smollm2-135m, or a model path")
     parser.add_argument("--policy", choices=names_for(RUN_BATCH), default="blendserve",
                         help="offline order: " + describe(RUN_BATCH))

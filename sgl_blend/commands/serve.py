@@ -31,18 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offline-policy", choices=names_for(SERVE), default="blendserve",
                         help="order of offline work (batch lines) in the scheduler: " + describe(SERVE))
     parser.add_argument("--hardware", default=None,
-                        help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200, cpu; default cpu without CUDA) or an `sgl-blend profile` JSON")
+                        help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200, cpu; default cpu "
+                             "without CUDA) or an `sgl-blend profile` JSON")
     parser.add_argument("--emulate", default=None, metavar="DEVICE",
-                        help="emulate a GPU (h100, a100-80g, or a profile JSON with its memory): SGLang runs for real but "
-                             "the model forward is skipped and priced; --model may then be llama-3.1-8b or llama-3.1-70b "
-                             "and --tp-size is priced, not run. `cpu` runs the real forward and prices it beside")
+                        help="emulate a GPU (h100, a100-80g, or a profile JSON with its memory): SGLang runs for "
+                             "real but the model forward is skipped and priced; --model may then be llama-3.1-8b or "
+                             "llama-3.1-70b and --tp-size is priced, not run. `cpu` runs the real forward and prices "
+                             "it beside")
     parser.add_argument("--emulate-realtime", type=float, default=None, metavar="FACTOR", help=REALTIME_HELP)
     batch = parser.add_argument_group("Batch API (/v1/files, /v1/batches)")
     batch.add_argument("--data-dir", type=Path, default=None,
                        help=f"where batch files and the SQLite store live (default {default_data_dir()}, "
                             "or $SGLBLEND_DATA_DIR)")
     batch.add_argument("--batch-store", default="", metavar="URL",
-                       help="a postgresql:// URL to share the batch store between servers (default: SQLite in --data-dir)")
+                       help="a postgresql:// URL to share the batch store between servers "
+                            "(default: SQLite in --data-dir)")
     batch.add_argument("--max-file-lines", type=int, default=DEFAULT_MAX_FILE_LINES,
                        help="most requests in one batch input file")
     batch.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
@@ -56,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="other sgl-blend/SGLang servers (base URLs, same model and --api-key) that this server's "
                             "batch runner also sends lines to, spread by BlendServe's DP partition")
     batch.add_argument("--worker-grace", type=float, default=DEFAULT_WORKER_GRACE_S, metavar="SECONDS",
-                       help="how long a batch worker may stay unreachable before its unfinished lines move to the others")
+                       help="how long a batch worker may stay unreachable before its unfinished lines move to "
+                            "the others")
     batch.add_argument("--batch-api-keys", type=_keys, default=(), metavar="KEY,...",
                        help="keys the Batch API takes beside SGLang's --api-key; files and batches belong to the key "
                             "that created them and another key gets 404 for them; --admin-api-key sees all")

@@ -5,11 +5,12 @@ Two shapes cover the common cases. One node with N GPUs runs one server: TP grou
 ranks by BlendServe's DP partition, online requests by SGLang's own balancing. Several nodes run
 one such server each behind SGLang's router (``sglang-router``, the ``router`` extra:
 ``pip install 'sgl-blend[router]'``) for online traffic; `router_argv` is its command line, the one
-`tests/scale/test_router.py` runs in front of two real servers. Every node names all the others as batch workers and all share one PostgreSQL batch
-store and one data directory (a shared filesystem), so a batch submitted to any node is taken up
-by one of them, spread over every node by the same partition, and taken over by another node if
-its coordinator dies. Nothing here starts a cluster manager: these are
-the commands a user adapts to their scheduler (Slurm, Kubernetes, ssh).
+`tests/scale/test_router.py` runs in front of two real servers. Every node names all the others
+as batch workers and all share one PostgreSQL batch store and one data directory (a shared
+filesystem), so a batch submitted to any node is taken up by one of them, spread over every node
+by the same partition, and taken over by another node if its coordinator dies. Nothing here
+starts a cluster manager: these are the commands a user adapts to their scheduler (Slurm,
+Kubernetes, ssh).
 """
 
 from __future__ import annotations

@@ -34,15 +34,20 @@ def default_cache_dir() -> Path:
     return Path(base) / "sgl-blend"
 
 
+def _summary(doc: str | None) -> str:
+    """The first line of a model module's docstring: the model's description."""
+    return (doc or "").strip().splitlines()[0]
+
+
 def _models() -> dict[str, LocalModel]:
     from sgl_blend.models import smollm2, stand_in, tiny_llama
 
     return {
         model.name: model
         for model in (
-            LocalModel("tiny-llama", tiny_llama.RECIPE_VERSION, tiny_llama.build, tiny_llama.__doc__.strip().splitlines()[0]),
-            LocalModel("smollm2-135m", smollm2.RECIPE_VERSION, smollm2.build, smollm2.__doc__.strip().splitlines()[0]),
-            LocalModel(STAND_IN, stand_in.RECIPE_VERSION, stand_in.build, stand_in.__doc__.strip().splitlines()[0]),
+            LocalModel("tiny-llama", tiny_llama.RECIPE_VERSION, tiny_llama.build, _summary(tiny_llama.__doc__)),
+            LocalModel("smollm2-135m", smollm2.RECIPE_VERSION, smollm2.build, _summary(smollm2.__doc__)),
+            LocalModel(STAND_IN, stand_in.RECIPE_VERSION, stand_in.build, _summary(stand_in.__doc__)),
         )
     }
 
