@@ -81,9 +81,20 @@ def _ms(seconds: float | None) -> float | None:
     return round(seconds * 1000, 2) if seconds is not None else None
 
 
+async def poisson(rate: float, seconds: float, seed: int, one: Callable[[int], Awaitable[None]]) -> None:
+    """``one(index)`` started at Poisson arrivals of ``rate`` per second for ``seconds``; returns
+    once every one has ended."""
+    rng = random.Random(seed)
+    tasks, deadline, index = [], time.monotonic() + seconds, 0
+    while time.monotonic() < deadline:
+        tasks.append(asyncio.create_task(one(index)))
+        index += 1
+        await asyncio.sleep(rng.expovariate(rate))
+    await asyncio.gather(*tasks)
+
+
 async def poisson_online(client: openai.AsyncOpenAI, rate: float, seconds: float, seed: int) -> list[float]:
     """Streamed online chats arriving as a Poisson process; each one's time to first token."""
-    rng = random.Random(seed)
     ttfts: list[float] = []
 
     async def one(index: int) -> None:
@@ -97,12 +108,7 @@ async def poisson_online(client: openai.AsyncOpenAI, rate: float, seconds: float
                 break
         await stream.close()
 
-    tasks, deadline, index = [], time.monotonic() + seconds, 0
-    while time.monotonic() < deadline:
-        tasks.append(asyncio.create_task(one(index)))
-        index += 1
-        await asyncio.sleep(rng.expovariate(rate))
-    await asyncio.gather(*tasks)
+    await poisson(rate, seconds, seed, one)
     return ttfts
 
 

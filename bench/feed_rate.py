@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import shutil
 import time
 from pathlib import Path
@@ -39,11 +38,11 @@ from typing import Any
 import httpx
 import openai
 
-from bench.batch_load import summary
+from bench.batch_load import poisson, summary
 from sgl_blend.emulation.launch import emulated_launch
 from sgl_blend.jobs.fresh_server import run_on_fresh_server
-from sgl_blend.launch.colocation import with_free_port
 from sgl_blend.jobs.run_batch import JobOptions
+from sgl_blend.launch.colocation import with_free_port
 from sgl_blend.launch.flags import with_defaults
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from sgl_blend.server.config import BatchApiConfig
@@ -88,7 +87,6 @@ def start(work: Path, lines: int) -> ServerProcess:
 
 async def online(client: openai.AsyncOpenAI, rate: float, seconds: float, seed: int) -> list[float]:
     """Poisson chat requests for ``seconds``; each one's latency."""
-    rng = random.Random(seed)
     latencies: list[float] = []
 
     async def one(index: int) -> None:
@@ -97,12 +95,7 @@ async def online(client: openai.AsyncOpenAI, rate: float, seconds: float, seed: 
                                              messages=[{"role": "user", "content": f"Online {prompt(index)}"}])
         latencies.append(time.monotonic() - began)
 
-    tasks, deadline, index = [], time.monotonic() + seconds, 0
-    while time.monotonic() < deadline:
-        tasks.append(asyncio.create_task(one(index)))
-        index += 1
-        await asyncio.sleep(rng.expovariate(rate))
-    await asyncio.gather(*tasks)
+    await poisson(rate, seconds, seed, one)
     return latencies
 
 
