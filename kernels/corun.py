@@ -46,15 +46,18 @@ class CorunSample:
     attention_on_partition_s: float | None = None
 
 
-def _ops(tokens: int, batch: int, kv_len: int, hidden: int, ffn: int, device: torch.device,
-         dtype: torch.dtype) -> tuple[Callable[[], object], Callable[[], object]]:
+def _ops(
+    tokens: int, batch: int, kv_len: int, hidden: int, ffn: int, device: torch.device, dtype: torch.dtype
+) -> tuple[Callable[[], object], Callable[[], object]]:
     activations = torch.randn(tokens, hidden, device=device, dtype=dtype)
     weight = torch.randn(hidden, ffn, device=device, dtype=dtype)
     query = torch.randn(batch, HEADS, 1, HEAD_DIM, device=device, dtype=dtype)
     keys = torch.randn(batch, KV_HEADS, kv_len, HEAD_DIM, device=device, dtype=dtype)
     values = torch.randn(batch, KV_HEADS, kv_len, HEAD_DIM, device=device, dtype=dtype)
-    return (lambda: torch.matmul(activations, weight),
-            lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True))
+    return (
+        lambda: torch.matmul(activations, weight),
+        lambda: F.scaled_dot_product_attention(query, keys, values, enable_gqa=True),
+    )
 
 
 @dataclass
@@ -83,8 +86,13 @@ def _green_context(num_sms: int, device: torch.device) -> tuple[object, torch.cu
         context.pop_context()
 
 
-def _together(gemm: Callable[[], object], attention: Callable[[], object], device: torch.device,
-              loops: int, streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None) -> Callable[[], None]:
+def _together(
+    gemm: Callable[[], object],
+    attention: Callable[[], object],
+    device: torch.device,
+    loops: int,
+    streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None,
+) -> Callable[[], None]:
     if device.type == "cuda":
         streams = streams or (torch.cuda.Stream(device), torch.cuda.Stream(device))
 
@@ -112,9 +120,18 @@ def _together(gemm: Callable[[], object], attention: Callable[[], object], devic
     return run_threads
 
 
-def measure_corun(tokens: int, batch: int, kv_len: int, device: torch.device, dtype: torch.dtype,
-                  hidden: int = 4096, ffn: int = 14336, loops: int = 20, repeats: int = 5,
-                  partitions: Sequence[GreenPartition] = ()) -> CorunSample:
+def measure_corun(
+    tokens: int,
+    batch: int,
+    kv_len: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    hidden: int = 4096,
+    ffn: int = 14336,
+    loops: int = 20,
+    repeats: int = 5,
+    partitions: Sequence[GreenPartition] = (),
+) -> CorunSample:
     """Each op alone and both together, ``loops`` launches each, so launch cost is amortised;
     with ``partitions``, also the best of the partitioned co-runs."""
     gemm, attention = _ops(tokens, batch, kv_len, hidden, ffn, device, dtype)
@@ -132,8 +149,8 @@ def measure_corun(tokens: int, batch: int, kv_len: int, device: torch.device, dt
             sample.partitioned_s, sample.gemm_sms, best = seconds, partition.gemm_sms, partition
     if best is not None:
         sample.gemm_on_partition_s, sample.attention_on_partition_s = (
-            timed(_on_stream(op, stream, device, loops)) / loops
-            for op, stream in zip((gemm, attention), best.streams))
+            timed(_on_stream(op, stream, device, loops)) / loops for op, stream in zip((gemm, attention), best.streams)
+        )
     return sample
 
 
@@ -142,8 +159,9 @@ def _repeated(op: Callable[[], object], loops: int) -> Callable[[], list[object]
     return lambda: [op() for _ in range(loops)]
 
 
-def _on_stream(op: Callable[[], object], stream: torch.cuda.Stream, device: torch.device,
-               loops: int) -> Callable[[], None]:
+def _on_stream(
+    op: Callable[[], object], stream: torch.cuda.Stream, device: torch.device, loops: int
+) -> Callable[[], None]:
     """One op alone on a partition's stream: how fast it runs on that share of the SMs."""
 
     def run() -> None:
@@ -157,8 +175,9 @@ def _on_stream(op: Callable[[], object], stream: torch.cuda.Stream, device: torc
     return run
 
 
-def green_partitions(device: torch.device, gemm_shares: Sequence[float] = (0.5, 0.625, 0.75, 0.875)
-                     ) -> list[GreenPartition]:
+def green_partitions(
+    device: torch.device, gemm_shares: Sequence[float] = (0.5, 0.625, 0.75, 0.875)
+) -> list[GreenPartition]:
     """SM splits for the partitioned co-run, in Hopper's 8-SM granularity; empty where green
     contexts are unavailable (a CPU, an older driver or torch)."""
     if device.type != "cuda":
@@ -169,7 +188,9 @@ def green_partitions(device: torch.device, gemm_shares: Sequence[float] = (0.5, 
         gemm_sms = int(total * share) // 8 * 8
         try:
             (gemm_context, gemm_stream), (attention_context, attention_stream) = (
-                _green_context(gemm_sms, device), _green_context(total - gemm_sms, device))
+                _green_context(gemm_sms, device),
+                _green_context(total - gemm_sms, device),
+            )
         except (ImportError, RuntimeError, AttributeError, TypeError):
             return []
         partitions.append(GreenPartition(gemm_sms, (gemm_context, attention_context), (gemm_stream, attention_stream)))
@@ -220,8 +241,10 @@ def _fit(triples: list[tuple[float, float, float]]) -> dict:
 
     return {
         "fitted": {"a": a, "b": b, "k": k, "mean_abs_error": error(lambda c, m: a * max(c, m) + b * min(c, m) + k)},
-        "interference": {"lambda": interference,
-                         "mean_abs_error": error(lambda c, m: max(c, m) + interference * min(c, m))},
+        "interference": {
+            "lambda": interference,
+            "mean_abs_error": error(lambda c, m: max(c, m) + interference * min(c, m)),
+        },
         "sum_mean_abs_error": error(lambda c, m: c + m),
         "max_mean_abs_error": error(max),
     }

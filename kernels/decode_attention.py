@@ -32,8 +32,9 @@ class AttentionResult:
         return self.bytes / self.seconds
 
 
-def measure_decode_attention(batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int,
-                             device: torch.device, dtype: torch.dtype) -> AttentionResult:
+def measure_decode_attention(
+    batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, device: torch.device, dtype: torch.dtype
+) -> AttentionResult:
     query = torch.randn(batch, heads, 1, head_dim, device=device, dtype=dtype)
     keys = torch.randn(batch, kv_heads, kv_len, head_dim, device=device, dtype=dtype)
     values = torch.randn(batch, kv_heads, kv_len, head_dim, device=device, dtype=dtype)

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
+from sgl_blend.core.cost_model import HardwareSpec
 from sgl_blend.kernels.decode_attention import measure_decode_attention
 from sgl_blend.kernels.gemm import measure_gemm
-from sgl_blend.core.cost_model import HardwareSpec
 
 CPU_KV_FRACTION = 0.25
 GPU_KV_FRACTION = 0.7
@@ -53,8 +53,9 @@ def run_profile(out: Path, device: str | None = None, quick: bool = False) -> di
     dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
     gemm_shapes, attention_shapes = _shapes(target, quick)
     gemms = [measure_gemm(tokens, hidden, ffn, target, dtype) for tokens, hidden, ffn in gemm_shapes]
-    attentions = [measure_decode_attention(batch, kv_len, 32, 8, 128, target, dtype)
-                  for batch, kv_len in attention_shapes]
+    attentions = [
+        measure_decode_attention(batch, kv_len, 32, 8, 128, target, dtype) for batch, kv_len in attention_shapes
+    ]
     spec = HardwareSpec(
         name=_device_name(target),
         flops=max(result.flops_per_s for result in gemms),
@@ -62,11 +63,21 @@ def run_profile(out: Path, device: str | None = None, quick: bool = False) -> di
         kv_memory_bytes=_kv_memory_bytes(target),
     )
     rows: list[dict[str, Any]] = [
-        {"op": "gemm", "shape": f"{r.tokens}x{r.hidden}x{r.ffn}", "measured_ms": r.seconds * 1e3,
-         "estimated_ms": r.flops / spec.flops * 1e3} for r in gemms
+        {
+            "op": "gemm",
+            "shape": f"{r.tokens}x{r.hidden}x{r.ffn}",
+            "measured_ms": r.seconds * 1e3,
+            "estimated_ms": r.flops / spec.flops * 1e3,
+        }
+        for r in gemms
     ] + [
-        {"op": "decode_attention", "shape": f"b{r.batch} kv{r.kv_len}", "measured_ms": r.seconds * 1e3,
-         "estimated_ms": r.bytes / spec.bandwidth * 1e3} for r in attentions
+        {
+            "op": "decode_attention",
+            "shape": f"b{r.batch} kv{r.kv_len}",
+            "measured_ms": r.seconds * 1e3,
+            "estimated_ms": r.bytes / spec.bandwidth * 1e3,
+        }
+        for r in attentions
     ]
     for row in rows:
         row["error_pct"] = 100.0 * (row["estimated_ms"] - row["measured_ms"]) / row["measured_ms"]
@@ -78,6 +89,8 @@ def run_profile(out: Path, device: str | None = None, quick: bool = False) -> di
 def format_table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'op':<17} {'shape':<20} {'estimated ms':>13} {'measured ms':>12} {'error':>8}"]
     for row in rows:
-        lines.append(f"{row['op']:<17} {row['shape']:<20} {row['estimated_ms']:>13.3f} "
-                     f"{row['measured_ms']:>12.3f} {row['error_pct']:>7.1f}%")
+        lines.append(
+            f"{row['op']:<17} {row['shape']:<20} {row['estimated_ms']:>13.3f} "
+            f"{row['measured_ms']:>12.3f} {row['error_pct']:>7.1f}%"
+        )
     return "\n".join(lines)

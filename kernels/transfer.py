@@ -35,12 +35,20 @@ def measure_transfers(device: torch.device, sizes_mib: tuple[int, ...] = (1, 16,
     for size in sizes_mib:
         host = torch.empty(size * MIB, dtype=torch.uint8, pin_memory=pinned)
         on_device = torch.empty(size * MIB, dtype=torch.uint8, device=device)
-        results.append(TransferResult("host_to_device", size * MIB,
-                                      median_seconds(functools.partial(on_device.copy_, host, non_blocking=pinned),
-                                                     device)))
-        results.append(TransferResult("device_to_host", size * MIB,
-                                      median_seconds(functools.partial(host.copy_, on_device, non_blocking=pinned),
-                                                     device)))
+        results.append(
+            TransferResult(
+                "host_to_device",
+                size * MIB,
+                median_seconds(functools.partial(on_device.copy_, host, non_blocking=pinned), device),
+            )
+        )
+        results.append(
+            TransferResult(
+                "device_to_host",
+                size * MIB,
+                median_seconds(functools.partial(host.copy_, on_device, non_blocking=pinned), device),
+            )
+        )
     return results
 
 

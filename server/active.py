@@ -11,8 +11,8 @@ insides.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from sgl_blend.server.prepared import PreparedBatch
 from sgl_blend.server.store import BatchRow, LineRow
@@ -82,5 +82,9 @@ class ActiveBatches:
 
     def tasks(self) -> list[asyncio.Task]:
         """Every task of every batch: lines in flight and lifecycle steps."""
-        return [task for batch in self._by_id.values()
-                for task in (*batch.inflight.values(), batch.task, batch.validation) if task]
+        return [
+            task
+            for batch in self._by_id.values()
+            for task in (*batch.inflight.values(), batch.task, batch.validation)
+            if task
+        ]

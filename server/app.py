@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -44,17 +45,27 @@ def loopback_url(host: str, port: int) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-def install(app: FastAPI, config: BatchApiConfig | None, *, self_url: str, api_key: str | None,
-            admin_api_key: str | None = None, assigner: Assigner = split_evenly,
-            planner: LinePlanner | None = None) -> None:
+def install(
+    app: FastAPI,
+    config: BatchApiConfig | None,
+    *,
+    self_url: str,
+    api_key: str | None,
+    admin_api_key: str | None = None,
+    assigner: Assigner = split_evenly,
+    planner: LinePlanner | None = None,
+) -> None:
     """Mount the line route and, with a ``config``, the Batch API: the store is opened now (failing
     before SGLang loads a model if it cannot be), the runner starts with the app. The runner runs
     lines on this server in-process and on the configured workers through their line route,
     spread over their DP ranks by ``assigner``, in the global plan's order when a ``planner`` is
     given."""
     engines: list[InProcessEngine] = []
-    routes: dict[str, ASGIApp] = {LINE_ROUTE_PREFIX: line_route_app(
-        lambda: engines[0] if engines else None, tuple(key for key in (api_key, admin_api_key) if key))}
+    routes: dict[str, ASGIApp] = {
+        LINE_ROUTE_PREFIX: line_route_app(
+            lambda: engines[0] if engines else None, tuple(key for key in (api_key, admin_api_key) if key)
+        )
+    }
     runners: list[BatchRunner] = []
     store = blobs = None
     if config is not None:
@@ -78,13 +89,22 @@ def install(app: FastAPI, config: BatchApiConfig | None, *, self_url: str, api_k
             if config is None or store is None or blobs is None:
                 yield state
                 return
-            runner = BatchRunner(store, blobs, workers=(self_url, *config.workers), engine=engine, assigner=assigner,
-                                 worker_grace_s=config.worker_grace_s,
-                                 owner=f"{socket.gethostname()}:{self_url.rsplit(':', 1)[1]}", api_key=api_key,
-                                 admin_api_key=admin_api_key,
-                                 max_inflight=config.max_inflight, max_file_lines=config.max_file_lines,
-                                 max_line_bytes=config.max_line_bytes, planner=planner,
-                                 body_caps=BodyCaps(config.max_n, config.max_tokens))
+            runner = BatchRunner(
+                store,
+                blobs,
+                workers=(self_url, *config.workers),
+                engine=engine,
+                assigner=assigner,
+                worker_grace_s=config.worker_grace_s,
+                owner=f"{socket.gethostname()}:{self_url.rsplit(':', 1)[1]}",
+                api_key=api_key,
+                admin_api_key=admin_api_key,
+                max_inflight=config.max_inflight,
+                max_file_lines=config.max_file_lines,
+                max_line_bytes=config.max_line_bytes,
+                planner=planner,
+                body_caps=BodyCaps(config.max_n, config.max_tokens),
+            )
             runners.append(runner)
             task = asyncio.create_task(runner.run())
             try:

@@ -11,8 +11,8 @@ prefixes as well as by count; it returns each slot's lines.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.core.dp_shares import WorkItem, plan_shares
@@ -35,8 +35,9 @@ Assignment = dict[Slot, list[int]]
 Assigner = Callable[[Sequence[int], Sequence[Slot], Mapping[int, WorkItem]], Assignment]
 
 
-def split_evenly(lines: Sequence[int], slots: Sequence[Slot],
-                 prompts: Mapping[int, WorkItem] | None = None) -> Assignment:
+def split_evenly(
+    lines: Sequence[int], slots: Sequence[Slot], prompts: Mapping[int, WorkItem] | None = None
+) -> Assignment:
     """Contiguous runs of the lines (by line number) in file order, of near-equal size, one per
     slot, so that neighbouring lines (which often share a prompt prefix) stay together."""
     numbers = sorted(lines)
@@ -66,4 +67,3 @@ class PrefixAssigner:
         for slot, numbers in split_evenly(rest, slots).items():
             assignment.setdefault(slot, []).extend(numbers)
         return assignment
-

@@ -52,8 +52,11 @@ class BatchKeys:
             matches = [secrets.compare_digest(token.encode(), key.encode()) for key in self.user_keys]
             if any(matches):
                 return Caller(key_owner(token), sees_all=False)
-        raise ApiError(401, "Incorrect API key provided: send a key this server accepts as 'Authorization: Bearer "
-                            "KEY'", code="invalid_api_key")
+        raise ApiError(
+            401,
+            "Incorrect API key provided: send a key this server accepts as 'Authorization: Bearer KEY'",
+            code="invalid_api_key",
+        )
 
 
 def _bearer(authorization: str | None) -> str | None:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO, Iterator, Mapping
+from typing import BinaryIO
 
 from sgl_blend.server.ids import is_batch_id, is_file_id
 

@@ -12,7 +12,7 @@ Requests from programs (the `openai` client, curl) carry neither header and pass
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
@@ -36,9 +36,12 @@ class BrowserGuard:
             headers = Headers(scope=scope)
             origin, site = headers.get("origin"), headers.get("sec-fetch-site")
             if (origin is not None or site not in (None, "none")) and not self._allows(origin):
-                error = ApiError(403, f"requests from the web origin {origin or '(this page)'} are not allowed on the "
-                                      "Batch API; the server's operator can allow it with --batch-cors-origins",
-                                 code="origin_not_allowed")
+                error = ApiError(
+                    403,
+                    f"requests from the web origin {origin or '(this page)'} are not allowed on the "
+                    "Batch API; the server's operator can allow it with --batch-cors-origins",
+                    code="origin_not_allowed",
+                )
                 await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -50,6 +53,11 @@ class BrowserGuard:
 def guard_browsers(app: ASGIApp, allowed: Sequence[str]) -> ASGIApp:
     """``app`` behind the guard, with CORS answers (preflights included) for the allowed origins."""
     if allowed:
-        app = CORSMiddleware(app, allow_origins=list(allowed), allow_methods=["GET", "POST", "DELETE"],
-                             allow_headers=["*"], allow_credentials=False)
+        app = CORSMiddleware(
+            app,
+            allow_origins=list(allowed),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["*"],
+            allow_credentials=False,
+        )
     return BrowserGuard(app, allowed)

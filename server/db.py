@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -39,10 +40,15 @@ POOL_SIZE, POOL_OVERFLOW, POOL_WAIT_S, POOL_RECYCLE_S = 8, 8, 30.0, 1800.0
 # libpq settings a URL does not give itself: seconds to connect, TCP keepalives, a user timeout
 # (ms) for sent data never acknowledged, and the server-side limits on one statement, one lock
 # wait and a transaction left idle (ms).
-POSTGRES_CONNECT_ARGS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
-                         "keepalives_count": 3, "tcp_user_timeout": 20_000}
-POSTGRES_SESSION = {"statement_timeout": 60_000, "lock_timeout": 30_000,
-                    "idle_in_transaction_session_timeout": 15_000}
+POSTGRES_CONNECT_ARGS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 20_000,
+}
+POSTGRES_SESSION = {"statement_timeout": 60_000, "lock_timeout": 30_000, "idle_in_transaction_session_timeout": 15_000}
 # How long a read that lost its connection is tried again (a PostgreSQL restart takes seconds).
 READ_RETRY_S = 30.0
 _WRITE = "sgl_blend_write"
@@ -62,8 +68,12 @@ def connection_lost(error: BaseException) -> bool:
 def retry_reads(read: Callable[..., T]) -> Callable[..., T]:
     """Run a read-only store call again when its connection was lost: a read changes nothing,
     so trying again is always safe (a write is not: it may have landed)."""
-    return retry(retry=retry_if_exception(connection_lost), stop=stop_after_delay(READ_RETRY_S),
-                 wait=wait_exponential(multiplier=0.1, max=2.0), reraise=True)(read)
+    return retry(
+        retry=retry_if_exception(connection_lost),
+        stop=stop_after_delay(READ_RETRY_S),
+        wait=wait_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    )(read)
 
 
 class Database:
@@ -118,13 +128,25 @@ def _postgres_engine(store_url: str) -> Engine:
     connect_args: dict[str, Any] = {key: value for key, value in POSTGRES_CONNECT_ARGS.items() if key not in url.query}
     if "options" not in url.query:
         connect_args["options"] = " ".join(f"-c {name}={value}" for name, value in POSTGRES_SESSION.items())
-    return create_engine(url, connect_args=connect_args, pool_pre_ping=True, pool_size=POOL_SIZE,
-                         max_overflow=POOL_OVERFLOW, pool_timeout=POOL_WAIT_S, pool_recycle=POOL_RECYCLE_S)
+    return create_engine(
+        url,
+        connect_args=connect_args,
+        pool_pre_ping=True,
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
+        pool_timeout=POOL_WAIT_S,
+        pool_recycle=POOL_RECYCLE_S,
+    )
 
 
 def _sqlite_engine(path: Path) -> Engine:
-    engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_S},
-                           pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW, pool_timeout=POOL_WAIT_S)
+    engine = create_engine(
+        f"sqlite:///{path}",
+        connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_S},
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
+        pool_timeout=POOL_WAIT_S,
+    )
 
     @event.listens_for(engine, "connect")
     def configure(dbapi_connection: Any, _record: Any) -> None:
@@ -150,6 +172,8 @@ def _lock_data_dir(data_dir: Path) -> int:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(descriptor)
-        raise StoreInUse(f"another sgl-blend server uses the batch data directory {data_dir}; "
-                         "give this one its own --data-dir, or share a PostgreSQL --batch-store") from None
+        raise StoreInUse(
+            f"another sgl-blend server uses the batch data directory {data_dir}; "
+            "give this one its own --data-dir, or share a PostgreSQL --batch-store"
+        ) from None
     return descriptor

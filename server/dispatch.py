@@ -12,7 +12,7 @@ import itertools
 import logging
 import secrets
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from sgl_blend.batch_lines.outcome import WorkerUnreachable
 from sgl_blend.offline import offline_routing_key
@@ -36,8 +36,17 @@ FILL_SLICE = 128
 class Dispatcher:
     """``max_inflight``: every slot's window (None: sized from what the engine runs at once)."""
 
-    def __init__(self, pool: WorkerPool, feed: Feed, plan_keeper: PlanKeeper, writer: ResultWriter,
-                 batches: ActiveBatches, *, max_inflight: int | None, wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        feed: Feed,
+        plan_keeper: PlanKeeper,
+        writer: ResultWriter,
+        batches: ActiveBatches,
+        *,
+        max_inflight: int | None,
+        wake: Callable[[], None],
+    ) -> None:
         self.pool, self.feed, self.plan_keeper, self.writer, self.batches = pool, feed, plan_keeper, writer, batches
         self.max_inflight = max_inflight
         self.wake = wake
@@ -107,8 +116,9 @@ class Dispatcher:
         custom_id = line.custom_id
         assert custom_id is not None, "only valid lines run, and a valid line has its custom_id"
         try:
-            outcome = await self.pool.send(worker, custom_id, prepared, offline_routing_key(batch.id, placement),
-                                           rid, slot.dp_rank)
+            outcome = await self.pool.send(
+                worker, custom_id, prepared, offline_routing_key(batch.id, placement), rid, slot.dp_rank
+            )
         except WorkerUnreachable:
             # never ran: first in line again, on its slot while the worker lives (else it moves)
             self.feed.push_front([key], {key: slot}, {key: placement} if placement else None)

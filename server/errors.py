@@ -5,8 +5,13 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 409: "invalid_request_error",
-          413: "invalid_request_error", 500: "server_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+}
 
 
 class ApiError(Exception):
@@ -18,8 +23,14 @@ class ApiError(Exception):
         self.param = param
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": _TYPES.get(self.status, "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def not_found(kind: str, object_id: str) -> ApiError:

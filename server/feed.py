@@ -10,7 +10,8 @@ queued line keeps its placement, which travels with it to the engine.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from sgl_blend.core.placement import Placement
 
@@ -43,22 +44,31 @@ class Feed:
     def slot_of(self, key: LineKey) -> Slot:
         return self._slot[key]
 
-    def append(self, keys: Iterable[LineKey], slot_of: Mapping[LineKey, Slot],
-               placements: Mapping[LineKey, Placement] | None = None) -> None:
+    def append(
+        self,
+        keys: Iterable[LineKey],
+        slot_of: Mapping[LineKey, Slot],
+        placements: Mapping[LineKey, Placement] | None = None,
+    ) -> None:
         """Queue lines after those already queued."""
         for key in keys:
             self._enqueue(key, slot_of[key])
         self.placements.update(placements or {})
 
-    def push_front(self, keys: Iterable[LineKey], slot_of: Mapping[LineKey, Slot],
-                   placements: Mapping[LineKey, Placement] | None = None) -> None:
+    def push_front(
+        self,
+        keys: Iterable[LineKey],
+        slot_of: Mapping[LineKey, Slot],
+        placements: Mapping[LineKey, Placement] | None = None,
+    ) -> None:
         """Queue lines before everything queued (output-length samples; a line that was not answered)."""
         for key in reversed(list(keys)):
             self._enqueue(key, slot_of[key], front=True)
         self.placements.update(placements or {})
 
-    def replace(self, order: list[LineKey], slot_of: Mapping[LineKey, Slot],
-                placements: Mapping[LineKey, Placement]) -> None:
+    def replace(
+        self, order: list[LineKey], slot_of: Mapping[LineKey, Slot], placements: Mapping[LineKey, Placement]
+    ) -> None:
         """Queue ``order`` (a new plan's lines that are still to send: queued ones and new ones)
         in that order, behind the lines it does not cover (samples, lines that arrived while the
         plan was made), which keep their place."""

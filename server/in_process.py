@@ -32,8 +32,9 @@ import copy
 import logging
 import pickle
 from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
 
 import orjson
 from fastapi import HTTPException
@@ -165,8 +166,10 @@ class InProcessEngine:
         """Each line as its route would convert it; text prompts tokenised in one batched call."""
         conversions = [self._convert(line) for line in lines]
         self._tokenize_texts([conversion.adapted for conversion in conversions if isinstance(conversion, Conversion)])
-        return [Converted(pickle.dumps(conversion, protocol=pickle.HIGHEST_PROTOCOL), _prompt_ids(conversion))
-                for conversion in conversions]
+        return [
+            Converted(pickle.dumps(conversion, protocol=pickle.HIGHEST_PROTOCOL), _prompt_ids(conversion))
+            for conversion in conversions
+        ]
 
     def _convert(self, line: BatchLine) -> Conversion | Refusal:
         handler = self.handlers[line.url]
@@ -182,10 +185,16 @@ class InProcessEngine:
     def _tokenize_texts(self, requests: Iterable[Any]) -> None:
         """A text prompt becomes the ids the tokenizer manager would have made of it (its fast
         tokenizer on the list of prompts, special tokens added; a slow one prompt by prompt)."""
-        pending = [adapted for adapted in requests if adapted.input_ids is None and adapted.text is not None
-                   and (isinstance(adapted.text, str) or all(isinstance(text, str) for text in adapted.text))]
-        texts = [text for adapted in pending for text in ([adapted.text] if isinstance(adapted.text, str)
-                                                          else adapted.text)]
+        pending = [
+            adapted
+            for adapted in requests
+            if adapted.input_ids is None
+            and adapted.text is not None
+            and (isinstance(adapted.text, str) or all(isinstance(text, str) for text in adapted.text))
+        ]
+        texts = [
+            text for adapted in pending for text in ([adapted.text] if isinstance(adapted.text, str) else adapted.text)
+        ]
         if not texts:
             return
         tokenizer = self.tokenizer_manager.tokenizer
@@ -202,14 +211,16 @@ class InProcessEngine:
 
     # Running
 
-    async def run(self, url: str, custom_id: str, stored: bytes, *, rid: str, routing_key: str | None,
-                  dp_rank: int | None) -> LineOutcome:
+    async def run(
+        self, url: str, custom_id: str, stored: bytes, *, rid: str, routing_key: str | None, dp_rank: int | None
+    ) -> LineOutcome:
         """The line's outcome (`answer`)."""
         answer = await self.answer(url, stored, rid=rid, routing_key=routing_key, dp_rank=dp_rank)
         return aborted_outcome(custom_id) if answer is None else answer_outcome(custom_id, *answer)
 
-    async def answer(self, url: str, stored: bytes, *, rid: str, routing_key: str | None,
-                     dp_rank: int | None) -> tuple[int, Any] | None:
+    async def answer(
+        self, url: str, stored: bytes, *, rid: str, routing_key: str | None, dp_rank: int | None
+    ) -> tuple[int, Any] | None:
         """The route's answer to the line: its HTTP status and JSON body; None when `abort`
         cancelled the call. A cancel of the caller's own task passes through (SGLang releases the
         request either way)."""
@@ -273,13 +284,15 @@ def _prompt_ids(conversion: Conversion | Refusal) -> list[int]:
 def _error_response(handler: Any, error: Exception) -> Any:
     """The route's answer to an exception (SGLang's ``OpenAIServingBase.handle_request``)."""
     if isinstance(error, HTTPException):
-        return handler.create_error_response(message=error.detail, err_type=str(error.status_code),
-                                             status_code=error.status_code)
+        return handler.create_error_response(
+            message=error.detail, err_type=str(error.status_code), status_code=error.status_code
+        )
     if isinstance(error, (ValueError, sgl.DS32EncodingError)):
         return handler.create_error_response(message=str(error), err_type="BadRequest", status_code=400)
     logger.exception("a batch line failed in SGLang's handler: %s", error)
-    return handler.create_error_response(message=f"Internal server error: {error}", err_type="InternalServerError",
-                                         status_code=500)
+    return handler.create_error_response(
+        message=f"Internal server error: {error}", err_type="InternalServerError", status_code=500
+    )
 
 
 def _refusal(response: Any) -> Refusal:
@@ -292,4 +305,3 @@ def _answer_of(response: Any) -> tuple[int, Any]:
     if isinstance(response, BaseModel):
         return 200, response.model_dump(mode="json", by_alias=True)
     return int(response.status_code), orjson.loads(response.body)
-

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -54,8 +55,9 @@ def line_route_app(engine: Callable[[], Any], keys: tuple[str, ...]) -> Starlett
             records = [json.loads(text) for text in (await request.body()).splitlines() if text.strip()]
             calls = [(str(record["rid"]), record) for record in records]
         except (ValueError, KeyError, TypeError) as error:
-            return JSONResponse({"error": {"message": f"malformed line chunk: {error}", "type": "invalid_request"}},
-                                400)
+            return JSONResponse(
+                {"error": {"message": f"malformed line chunk: {error}", "type": "invalid_request"}}, 400
+            )
         return StreamingResponse(_answers(running, calls), media_type="application/x-ndjson")
 
     async def abort_lines(request: Request) -> Response:
@@ -70,15 +72,18 @@ def line_route_app(engine: Callable[[], Any], keys: tuple[str, ...]) -> Starlett
             running.abort(rids)
         return JSONResponse({"aborted": len(rids)})
 
-    return Starlette(routes=[Route(LINES_PATH, run_lines, methods=["POST"]),
-                             Route(ABORT_PATH, abort_lines, methods=["POST"])])
+    return Starlette(
+        routes=[Route(LINES_PATH, run_lines, methods=["POST"]), Route(ABORT_PATH, abort_lines, methods=["POST"])]
+    )
 
 
 async def _answers(engine: Any, calls: list[tuple[str, dict[str, Any]]]) -> AsyncIterator[bytes]:
     """One JSON line per line, as each finishes; the lines still running when the client goes away
     are cancelled."""
-    parsed = [(rid, record, parse_record(record, number, SUPPORTED_URLS)) for number, (rid, record)
-              in enumerate(calls, start=1)]
+    parsed = [
+        (rid, record, parse_record(record, number, SUPPORTED_URLS))
+        for number, (rid, record) in enumerate(calls, start=1)
+    ]
     lines = [line for _rid, _record, line in parsed if isinstance(line, BatchLine)]
     converted = iter(await asyncio.to_thread(engine.convert, lines) if lines else [])
     finished: asyncio.Queue[bytes] = asyncio.Queue()
@@ -97,12 +102,18 @@ async def _answers(engine: Any, calls: list[tuple[str, dict[str, Any]]]) -> Asyn
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _run(engine: Any, rid: str, record: dict[str, Any], line: BatchLine, stored: bytes,
-               finished: asyncio.Queue[bytes]) -> None:
+async def _run(
+    engine: Any, rid: str, record: dict[str, Any], line: BatchLine, stored: bytes, finished: asyncio.Queue[bytes]
+) -> None:
     dp_rank = record.get("dp_rank")
     try:
-        answer = await engine.answer(line.url, stored, rid=rid, routing_key=record.get("routing_key"),
-                                     dp_rank=int(dp_rank) if dp_rank is not None else None)
+        answer = await engine.answer(
+            line.url,
+            stored,
+            rid=rid,
+            routing_key=record.get("routing_key"),
+            dp_rank=int(dp_rank) if dp_rank is not None else None,
+        )
     except Exception as error:  # every line gets an answer, or the stream would wait for it forever
         answer = (500, {"error": {"message": f"the line failed in this server: {error}", "type": "internal"}})
     finished.put_nowait(_answer_line(rid, answer))

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sgl_blend.server.store import BatchRow, FileRow
 
 
 def file_object(row: FileRow) -> dict[str, Any]:
-    return {"id": row.id, "object": "file", "bytes": row.bytes, "created_at": row.created_at,
-            "filename": row.filename, "purpose": row.purpose, "status": "processed",
-            "expires_at": row.expires_at, "status_details": None}
+    return {
+        "id": row.id,
+        "object": "file",
+        "bytes": row.bytes,
+        "created_at": row.created_at,
+        "filename": row.filename,
+        "purpose": row.purpose,
+        "status": "processed",
+        "expires_at": row.expires_at,
+        "status_details": None,
+    }
 
 
 def batch_object(row: BatchRow) -> dict[str, Any]:
@@ -47,5 +56,10 @@ def batch_object(row: BatchRow) -> dict[str, Any]:
 
 def list_object(data: Sequence[dict[str, Any]], has_more: bool) -> dict[str, Any]:
     """A cursor page: the client asks for the next one with ``after=last_id``."""
-    return {"object": "list", "data": list(data), "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+    return {
+        "object": "list",
+        "data": list(data),
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }

@@ -71,8 +71,15 @@ class PlanKeeper:
     `TreePlanner`). ``line_planner`` None: no plan, file order. ``choose_slots`` spreads lines
     over the live slots (by their prompts where it can)."""
 
-    def __init__(self, feed: Feed, line_planner: LinePlanner | None, store: BatchStore, owner: str,
-                 choose_slots: SlotChooser, wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        feed: Feed,
+        line_planner: LinePlanner | None,
+        store: BatchStore,
+        owner: str,
+        choose_slots: SlotChooser,
+        wake: Callable[[], None],
+    ) -> None:
         self.feed = feed
         self.line_planner = line_planner
         self.store = store
@@ -122,12 +129,19 @@ class PlanKeeper:
         samples = [key for key in keys if self._is_sample(key)]
         if samples:
             self.samples.update(samples)
-            self.feed.push_front(samples, self.choose_slots(samples, self.items),
-                                 {key: self._sample_placement(key) for key in samples})
+            self.feed.push_front(
+                samples, self.choose_slots(samples, self.items), {key: self._sample_placement(key) for key in samples}
+            )
         self.unplanned.update((key, None) for key in keys if key not in self.samples)
 
-    def resume(self, batch_id: str, planned: Sequence[tuple[int, Placement]], unplanned: Sequence[int],
-               items: Mapping[int, WorkItem], slot_of: Mapping[LineKey, Slot]) -> None:
+    def resume(
+        self,
+        batch_id: str,
+        planned: Sequence[tuple[int, Placement]],
+        unplanned: Sequence[int],
+        items: Mapping[int, WorkItem],
+        slot_of: Mapping[LineKey, Slot],
+    ) -> None:
         """A batch taken up again with a stored plan: its planned lines in their stored order and
         places, the rest as validated lines."""
         keys = self._remember(batch_id, [number for number, _placement in planned], items)
@@ -190,8 +204,9 @@ class PlanKeeper:
         keys = [*queued, *self.unplanned]
         items = [(key, self.items[key]) for key in keys if key in self.items]
         observed = dict(self.observed)
-        plan, placements = await asyncio.get_running_loop().run_in_executor(self._thread, self._plan_lines, items,
-                                                                             observed)
+        plan, placements = await asyncio.get_running_loop().run_in_executor(
+            self._thread, self._plan_lines, items, observed
+        )
         still = set(self.feed.queued()) | self.unplanned.keys()
         # A line without a prompt (its prepared prompt was lost) still runs, after the plan.
         order = [key for key in (*plan.feed, *(key for key in keys if key not in self.items)) if key in still]
@@ -204,13 +219,21 @@ class PlanKeeper:
         self._observed_at_last_plan = len(observed)
         self._last_plan_lines = 2 * len(keys)
         self.plans.append(PlanRecord(len(keys), provisional, len(observed), self._next_rank))
-        logger.info("planned %d lines%s (%d samples observed, memory share %.2f)", len(keys),
-                    " provisionally" if provisional else "", len(observed), plan.memory_share)
+        logger.info(
+            "planned %d lines%s (%d samples observed, memory share %.2f)",
+            len(keys),
+            " provisionally" if provisional else "",
+            len(observed),
+            plan.memory_share,
+        )
         first_rank, self._next_rank = self._next_rank, self._next_rank + len(order)
         await asyncio.to_thread(self._store_plan, order, placements, first_rank)
 
-    def _plan_lines(self, lines: list[tuple[LineKey, WorkItem]], observed: Mapping[LineKey, tuple[WorkItem, int]],
-                    ) -> tuple[BatchPlan[LineKey], dict[LineKey, Placement]]:
+    def _plan_lines(
+        self,
+        lines: list[tuple[LineKey, WorkItem]],
+        observed: Mapping[LineKey, tuple[WorkItem, int]],
+    ) -> tuple[BatchPlan[LineKey], dict[LineKey, Placement]]:
         """The plan and its lines' placements (in a worker thread: tens of thousands of them cost
         the event loop too long), each carrying the digest of the prompt ids it was planned on,
         which the scheduler checks against the ids it runs."""
@@ -254,6 +277,6 @@ def is_sample(job: str, line_number: int, item: WorkItem) -> bool:
 
 def sample_placement(position: int, item: WorkItem) -> Placement:
     """An output-length sample's placement: ahead of every plan, its output at the fallback bound."""
-    return Placement(SAMPLE, position, 1.0, min(item.max_new_tokens, DEFAULT_FALLBACK),
-                     prompt=prompt_digest(item.prompt_ids))
-
+    return Placement(
+        SAMPLE, position, 1.0, min(item.max_new_tokens, DEFAULT_FALLBACK), prompt=prompt_digest(item.prompt_ids)
+    )

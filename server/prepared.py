@@ -25,9 +25,10 @@ import os
 import shutil
 import struct
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO
 
 import numpy as np
 
@@ -59,8 +60,11 @@ class PreparedLine:
         start = _HEADER.size
         body_start = start + url_length
         conversion_start = body_start + body_length
-        return cls(data[start:body_start].decode(), data[body_start:conversion_start],
-                   data[conversion_start:conversion_start + conversion_length])
+        return cls(
+            data[start:body_start].decode(),
+            data[body_start:conversion_start],
+            data[conversion_start : conversion_start + conversion_length],
+        )
 
 
 class PreparedWriter:
@@ -144,7 +148,7 @@ class PreparedBatch:
             try:
                 for number, start, count, bound, exact in index.tolist():
                     ids = array("i")
-                    ids.frombytes(view[start * 4:(start + count) * 4])
+                    ids.frombytes(view[start * 4 : (start + count) * 4])
                     items[number] = WorkItem(number, ids, bound, bool(exact))
             finally:
                 if isinstance(view, mmap.mmap):

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 import orjson
-from tenacity import Retrying, RetryError, stop_after_delay, wait_exponential
+from tenacity import RetryError, Retrying, stop_after_delay, wait_exponential
 
 from sgl_blend.batch_lines.outcome import LineOutcome
 from sgl_blend.server.blobs import BlobDir
@@ -109,8 +109,9 @@ class _ResultFiles:
             os.fsync(handle.fileno())
             end = os.fstat(handle.fileno()).st_size
             if end != self.committed[index] + len(chunk):
-                raise ForeignBytes(f"{handle.name} grew by {end - self.committed[index]} bytes, "
-                                   f"{len(chunk)} of them ours")
+                raise ForeignBytes(
+                    f"{handle.name} grew by {end - self.committed[index]} bytes, {len(chunk)} of them ours"
+                )
         commit.output_bytes, commit.error_bytes = self._appended_to
 
     def landed(self, commit: BatchCommit) -> None:
@@ -242,8 +243,13 @@ class ResultWriter:
             if self._files.get(batch_id) is not files:
                 return []
             landed = self._landed(batch_id, files, commit)
-            logger.warning("committing %d results of %s raised (%s); the store says it %s", len(results), batch_id,
-                           error, {True: "landed", False: "did not land", None: "cannot tell"}[landed])
+            logger.warning(
+                "committing %d results of %s raised (%s); the store says it %s",
+                len(results),
+                batch_id,
+                error,
+                {True: "landed", False: "did not land", None: "cannot tell"}[landed],
+            )
             if landed is None:
                 self._let_go(batch_id, "whether its last commit landed is unknown")
                 return []
@@ -280,13 +286,16 @@ class ResultWriter:
         if batch_id in self._paused:
             return
         code = "disk_full" if error.errno in _FULL else "result_write_failed"
-        message = (f"cannot write results: {error.strerror or error}; the batch is paused, its finished requests are"
-                   " kept and written once the data directory can take them")
+        message = (
+            f"cannot write results: {error.strerror or error}; the batch is paused, its finished requests are"
+            " kept and written once the data directory can take them"
+        )
         self._paused.add(batch_id)
         logger.error("batch %s: %s", batch_id, message)
         try:  # the next commit clears it; a store on the same full disk may refuse it (the log has it)
-            self.store.note_errors(batch_id, self.owner, [{"code": code, "message": message, "param": None,
-                                                           "line": None}])
+            self.store.note_errors(
+                batch_id, self.owner, [{"code": code, "message": message, "param": None, "line": None}]
+            )
         except Exception as note_error:
             logger.warning("batch %s: the pause could not be shown in the store: %s", batch_id, note_error)
 

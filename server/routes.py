@@ -15,9 +15,10 @@ import functools
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
@@ -65,18 +66,36 @@ def build_router(context: ApiContext, keys: BatchKeys) -> APIRouter:
             upload = await receive_upload(request, partial, config.max_file_bytes)
             purpose = upload.fields.get("purpose")
             if purpose != INPUT_PURPOSE:
-                raise ApiError(400, f"purpose must be {INPUT_PURPOSE!r} on this server, got {purpose!r}",
-                               param="purpose")
+                raise ApiError(
+                    400, f"purpose must be {INPUT_PURPOSE!r} on this server, got {purpose!r}", param="purpose"
+                )
             now = int(time.time())
-            expires_after = _expires_after({key[len("expires_after["):-1]: value for key, value in upload.fields.items()
-                                            if key.startswith("expires_after[")} or None, "expires_after")
-            row = FileRow(file_id, purpose, _safe_filename(upload.filename), upload.bytes, now,
-                          now + expires_after if expires_after else None)
+            expires_after = _expires_after(
+                {
+                    key[len("expires_after[") : -1]: value
+                    for key, value in upload.fields.items()
+                    if key.startswith("expires_after[")
+                }
+                or None,
+                "expires_after",
+            )
+            row = FileRow(
+                file_id,
+                purpose,
+                _safe_filename(upload.filename),
+                upload.bytes,
+                now,
+                now + expires_after if expires_after else None,
+            )
             await asyncio.to_thread(blobs.publish_partial, file_id)
             await asyncio.to_thread(functools.partial(store.add_file, row, owner=who.owner))
         except UploadTooLarge as error:
-            raise ApiError(413, str(error), code="file_too_large" if error.param == "file" else "form_field_too_large",
-                           param=error.param) from None
+            raise ApiError(
+                413,
+                str(error),
+                code="file_too_large" if error.param == "file" else "form_field_too_large",
+                param=error.param,
+            ) from None
         except BadUpload as error:
             raise ApiError(400, str(error), param="file") from None
         finally:
@@ -90,8 +109,14 @@ def build_router(context: ApiContext, keys: BatchKeys) -> APIRouter:
         if order not in ("asc", "desc"):
             raise ApiError(400, "order must be 'asc' or 'desc'", param="order")
         limit = _limit(query.get("limit"), default=10_000, maximum=10_000)
-        rows, more = await _page(store.list_files, after=query.get("after"), limit=limit, order=order,
-                                 purpose=query.get("purpose"), owner=who.scope)
+        rows, more = await _page(
+            store.list_files,
+            after=query.get("after"),
+            limit=limit,
+            order=order,
+            purpose=query.get("purpose"),
+            owner=who.scope,
+        )
         return list_object([file_object(row) for row in rows], more)
 
     @router.get("/v1/files/{file_id}")
@@ -101,8 +126,11 @@ def build_router(context: ApiContext, keys: BatchKeys) -> APIRouter:
     @router.get("/v1/files/{file_id}/content")
     async def file_content(file_id: str, who: Caller = Depends(caller)) -> StreamingResponse:
         row = await _file(store, file_id, who)
-        return StreamingResponse(blobs.iter_content(row.id, row.bytes), media_type="application/octet-stream",
-                                 headers={"Content-Length": str(row.bytes)})
+        return StreamingResponse(
+            blobs.iter_content(row.id, row.bytes),
+            media_type="application/octet-stream",
+            headers={"Content-Length": str(row.bytes)},
+        )
 
     @router.delete("/v1/files/{file_id}")
     async def delete_file(file_id: str, who: Caller = Depends(caller)) -> dict:
@@ -125,8 +153,9 @@ def build_router(context: ApiContext, keys: BatchKeys) -> APIRouter:
             raise ApiError(400, "input_file_id is required", param="input_file_id")
         endpoint = body.get("endpoint")
         if endpoint not in SUPPORTED_URLS:
-            raise ApiError(400, f"endpoint must be one of {', '.join(SUPPORTED_URLS)}, got {endpoint!r}",
-                           param="endpoint")
+            raise ApiError(
+                400, f"endpoint must be one of {', '.join(SUPPORTED_URLS)}, got {endpoint!r}", param="endpoint"
+            )
         window = body.get("completion_window")
         window_s = _window_seconds(window)
         assert isinstance(window, str), "_window_seconds takes nothing else"
@@ -136,12 +165,26 @@ def build_router(context: ApiContext, keys: BatchKeys) -> APIRouter:
         if input_file is None:
             raise ApiError(400, f"No file with id {input_file_id!r}", param="input_file_id", code="invalid_input_file")
         if input_file.purpose != INPUT_PURPOSE:
-            raise ApiError(400, f"file {input_file_id} has purpose {input_file.purpose!r}, not {INPUT_PURPOSE!r}",
-                           param="input_file_id", code="invalid_input_file")
+            raise ApiError(
+                400,
+                f"file {input_file_id} has purpose {input_file.purpose!r}, not {INPUT_PURPOSE!r}",
+                param="input_file_id",
+                code="invalid_input_file",
+            )
         now = int(time.time())
-        row = BatchRow(new_batch_id(), endpoint, input_file_id, window, "validating", now, now + window_s,
-                       output_blob=new_file_id(), error_blob=new_file_id(), metadata=metadata,
-                       output_expires_after=output_expires_after)
+        row = BatchRow(
+            new_batch_id(),
+            endpoint,
+            input_file_id,
+            window,
+            "validating",
+            now,
+            now + window_s,
+            output_blob=new_file_id(),
+            error_blob=new_file_id(),
+            metadata=metadata,
+            output_expires_after=output_expires_after,
+        )
         await asyncio.to_thread(functools.partial(store.add_batch, row, owner=who.owner))
         context.wake_runner()
         return batch_object(row)
@@ -155,8 +198,11 @@ def build_router(context: ApiContext, keys: BatchKeys) -> APIRouter:
 
     @router.get("/v1/batches/{batch_id}")
     async def retrieve_batch(batch_id: str, who: Caller = Depends(caller)) -> dict:
-        row = await asyncio.to_thread(functools.partial(store.get_batch, batch_id, owner=who.scope)) \
-            if is_batch_id(batch_id) else None
+        row = (
+            await asyncio.to_thread(functools.partial(store.get_batch, batch_id, owner=who.scope))
+            if is_batch_id(batch_id)
+            else None
+        )
         if row is None:
             raise not_found("batch", batch_id)
         return batch_object(row)
@@ -164,8 +210,13 @@ def build_router(context: ApiContext, keys: BatchKeys) -> APIRouter:
     @router.post("/v1/batches/{batch_id}/cancel")
     async def cancel_batch(batch_id: str, who: Caller = Depends(caller)) -> dict:
         try:
-            row = await asyncio.to_thread(functools.partial(store.request_cancel, batch_id, int(time.time()),
-                                                            owner=who.scope)) if is_batch_id(batch_id) else None
+            row = (
+                await asyncio.to_thread(
+                    functools.partial(store.request_cancel, batch_id, int(time.time()), owner=who.scope)
+                )
+                if is_batch_id(batch_id)
+                else None
+            )
         except Conflict as error:
             raise ApiError(409, str(error), code="batch_not_cancellable") from None
         if row is None:
@@ -229,19 +280,29 @@ def _window_seconds(window: Any) -> int:
     """OpenAI's ``24h``, or any other whole number of seconds, minutes or hours (``90s``, ``30m``)."""
     match = _WINDOW.fullmatch(window) if isinstance(window, str) else None
     if not match or int(match.group(1)) == 0:
-        raise ApiError(400, f"completion_window must be like '24h', '30m' or '90s', got {window!r}",
-                       param="completion_window")
+        raise ApiError(
+            400, f"completion_window must be like '24h', '30m' or '90s', got {window!r}", param="completion_window"
+        )
     return int(match.group(1)) * _WINDOW_UNIT_S[match.group(2)]
 
 
 def _metadata(metadata: Any) -> dict[str, str] | None:
     if metadata is None:
         return None
-    if (not isinstance(metadata, dict) or len(metadata) > MAX_METADATA_PAIRS
-            or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_METADATA_KEY
-                       and len(v) <= MAX_METADATA_VALUE for k, v in metadata.items())):
-        raise ApiError(400, f"metadata must map at most {MAX_METADATA_PAIRS} string keys (up to {MAX_METADATA_KEY}"
-                            f" characters) to string values (up to {MAX_METADATA_VALUE})", param="metadata")
+    if (
+        not isinstance(metadata, dict)
+        or len(metadata) > MAX_METADATA_PAIRS
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_METADATA_KEY and len(v) <= MAX_METADATA_VALUE
+            for k, v in metadata.items()
+        )
+    ):
+        raise ApiError(
+            400,
+            f"metadata must map at most {MAX_METADATA_PAIRS} string keys (up to {MAX_METADATA_KEY}"
+            f" characters) to string values (up to {MAX_METADATA_VALUE})",
+            param="metadata",
+        )
     return metadata
 
 
@@ -252,10 +313,16 @@ def _expires_after(policy: Any, param: str) -> int | None:
     seconds = policy.get("seconds") if isinstance(policy, dict) else None
     if isinstance(seconds, str) and seconds.isdigit():
         seconds = int(seconds)
-    if (policy.get("anchor") if isinstance(policy, dict) else None) != "created_at" or not isinstance(seconds, int) \
-            or not MIN_EXPIRES_AFTER_S <= seconds <= MAX_EXPIRES_AFTER_S:
-        raise ApiError(400, f"{param} must be {{'anchor': 'created_at', 'seconds': {MIN_EXPIRES_AFTER_S}.."
-                            f"{MAX_EXPIRES_AFTER_S}}}", param=param)
+    if (
+        (policy.get("anchor") if isinstance(policy, dict) else None) != "created_at"
+        or not isinstance(seconds, int)
+        or not MIN_EXPIRES_AFTER_S <= seconds <= MAX_EXPIRES_AFTER_S
+    ):
+        raise ApiError(
+            400,
+            f"{param} must be {{'anchor': 'created_at', 'seconds': {MIN_EXPIRES_AFTER_S}..{MAX_EXPIRES_AFTER_S}}}",
+            param=param,
+        )
     return seconds
 
 

@@ -77,13 +77,27 @@ class BatchRunner:
     line may ask for; ``max_inflight`` is the lines each slot holds (None: sized from the engine,
     `server.window`)."""
 
-    def __init__(self, store: BatchStore, blobs: BlobDir, *, workers: Sequence[str], owner: str,
-                 engine: InProcessEngine | None = None, api_key: str | None = None,
-                 admin_api_key: str | None = None, max_inflight: int | None = None, max_file_lines: int = 50_000,
-                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, assigner: Assigner = split_evenly,
-                 poll_s: float = POLL_S, lease_s: float = LEASE_S, worker_grace_s: float = WORKER_GRACE_S,
-                 planner: LinePlanner | None = None, tokenizer: LineTokenizer | None = None,
-                 body_caps: BodyCaps = BodyCaps()) -> None:
+    def __init__(
+        self,
+        store: BatchStore,
+        blobs: BlobDir,
+        *,
+        workers: Sequence[str],
+        owner: str,
+        engine: InProcessEngine | None = None,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
+        max_inflight: int | None = None,
+        max_file_lines: int = 50_000,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        assigner: Assigner = split_evenly,
+        poll_s: float = POLL_S,
+        lease_s: float = LEASE_S,
+        worker_grace_s: float = WORKER_GRACE_S,
+        planner: LinePlanner | None = None,
+        tokenizer: LineTokenizer | None = None,
+        body_caps: BodyCaps = BodyCaps(),
+    ) -> None:
         if planner is not None and engine is None and tokenizer is None:
             raise ValueError("a runner that plans by prompts needs the served model's engine or tokenizer")
         self.store = store
@@ -97,22 +111,36 @@ class BatchRunner:
         self.engine = engine
         self.tokenizer = tokenizer
         self.assigner = assigner
-        self.workers = WorkerPool(workers, engine=engine, local_url=workers[0] if workers else None, api_key=api_key,
-                                  admin_api_key=admin_api_key, grace_s=worker_grace_s,
-                                  on_change=lambda: self.wake(refresh=False))
+        self.workers = WorkerPool(
+            workers,
+            engine=engine,
+            local_url=workers[0] if workers else None,
+            api_key=api_key,
+            admin_api_key=admin_api_key,
+            grace_s=worker_grace_s,
+            on_change=lambda: self.wake(refresh=False),
+        )
         self.batches = ActiveBatches()
         self.feed = Feed()
         # Reading a batch runs for seconds to minutes: off the event loop, and off its default
         # executor too, which SGLang's own request conversions and the API's store reads share (six
         # threads on a 2-core host). Plans have a thread of their own (`PlanKeeper`).
         self._reading = ThreadPoolExecutor(max_workers=READING_THREADS, thread_name_prefix="batch-reading")
-        self.plan_keeper = PlanKeeper(self.feed, planner, store, owner, self._choose_slots,
-                                      wake=lambda: self.wake(refresh=False))
+        self.plan_keeper = PlanKeeper(
+            self.feed, planner, store, owner, self._choose_slots, wake=lambda: self.wake(refresh=False)
+        )
         self._wake = asyncio.Event()
         self._refresh = True
         self._writer = ResultWriter(store, blobs, owner)
-        self._dispatcher = Dispatcher(self.workers, self.feed, self.plan_keeper, self._writer, self.batches,
-                                      max_inflight=max_inflight, wake=lambda: self.wake(refresh=False))
+        self._dispatcher = Dispatcher(
+            self.workers,
+            self.feed,
+            self.plan_keeper,
+            self._writer,
+            self.batches,
+            max_inflight=max_inflight,
+            wake=lambda: self.wake(refresh=False),
+        )
 
     def wake(self, refresh: bool = True) -> None:
         """Look at the store again now (a batch was created or cancelled), not at the next poll."""
@@ -198,8 +226,9 @@ class BatchRunner:
             await asyncio.to_thread(self.blobs.truncate, row.error_blob, row.error_bytes)
         except ResultFileDamaged as damaged:
             logger.error("batch %s: %s", row.id, damaged)
-            await asyncio.to_thread(self.store.fail_batch, row.id, self.owner, [damaged.as_batch_error()],
-                                    int(time.time()))
+            await asyncio.to_thread(
+                self.store.fail_batch, row.id, self.owner, [damaged.as_batch_error()], int(time.time())
+            )
             return
         self._writer.open(row.id, row.output_blob, row.error_blob, row.output_bytes, row.error_bytes)
         self.batches.add(ActiveBatch(row, PreparedBatch(self.blobs.prepared_dir(row.id))))
@@ -288,16 +317,30 @@ class BatchRunner:
         except FileNotFoundError:
             await self._fail(batch, FileRejected("file_not_found", f"the input file {row.input_file_id} is gone"))
         except OSError as error:  # the prepared folder cannot be written (a full disk): say so, do not loop
-            await self._fail(batch, FileRejected("disk_full" if error.errno in DISK_FULL else "validation_failed",
-                                                 f"the batch's lines could not be prepared: {error}"))
+            await self._fail(
+                batch,
+                FileRejected(
+                    "disk_full" if error.errno in DISK_FULL else "validation_failed",
+                    f"the batch's lines could not be prepared: {error}",
+                ),
+            )
         if not batch.closing:
             await self._reload(batch)
 
     def _index_lines(self, row: BatchRow, done: set[int], on_chunk) -> int:
         """Validate the batch (in a worker thread); the number of lines."""
         limits = LineLimits(endpoint_urls(row.endpoint), self.max_file_lines, self.max_line_bytes, self.body_caps)
-        return index_batch(self.store, self.owner, row.id, self.blobs.path(row.input_file_id),
-                           self.blobs.prepared_dir(row.id), limits, self._preparer(), done=done, on_chunk=on_chunk)
+        return index_batch(
+            self.store,
+            self.owner,
+            row.id,
+            self.blobs.path(row.input_file_id),
+            self.blobs.prepared_dir(row.id),
+            limits,
+            self._preparer(),
+            done=done,
+            on_chunk=on_chunk,
+        )
 
     def _preparer(self) -> Prepare:
         """Lines converted by the engine (its prompt ids are the plan's), or, with no engine,
@@ -310,12 +353,14 @@ class BatchRunner:
         return as_read
 
     def _reads_prompts(self) -> bool:
-        return (self.engine is not None or self.plan_keeper.line_planner is not None
-                or len(self.workers.live_slots()) > 1)
+        return (
+            self.engine is not None or self.plan_keeper.line_planner is not None or len(self.workers.live_slots()) > 1
+        )
 
     async def _fail(self, batch: ActiveBatch, rejected: FileRejected) -> None:
-        await asyncio.to_thread(self.store.fail_batch, batch.id, self.owner, [rejected.as_batch_error()],
-                                int(time.time()))
+        await asyncio.to_thread(
+            self.store.fail_batch, batch.id, self.owner, [rejected.as_batch_error()], int(time.time())
+        )
         self._drop(batch.id)
 
     async def _resume(self, batch: ActiveBatch) -> None:
@@ -325,12 +370,21 @@ class BatchRunner:
         rows = await asyncio.to_thread(self.store.pending_lines, batch.id)
         items = await asyncio.to_thread(batch.prepared.prompts) if self._reads_prompts() else {}
         self._lines_ready(batch, [row for row in rows if row.plan_rank is None or row.placement is None], items)
-        planned = sorted(((row.plan_rank, row.placement, row) for row in rows if row.error_code is None
-                          and row.plan_rank is not None and row.placement is not None), key=lambda entry: entry[0])
+        planned = sorted(
+            (
+                (row.plan_rank, row.placement, row)
+                for row in rows
+                if row.error_code is None and row.plan_rank is not None and row.placement is not None
+            ),
+            key=lambda entry: entry[0],
+        )
         if planned:
             live = set(self.workers.live_slots())
-            slot_of = {(batch.id, row.line_number): Slot(row.worker, row.dp_rank) for _, _, row in planned
-                       if row.worker is not None and Slot(row.worker, row.dp_rank) in live}
+            slot_of = {
+                (batch.id, row.line_number): Slot(row.worker, row.dp_rank)
+                for _, _, row in planned
+                if row.worker is not None and Slot(row.worker, row.dp_rank) in live
+            }
             keys = [(batch.id, row.line_number) for _, _, row in planned]
             slot_of.update(self._choose_slots([key for key in keys if key not in slot_of], {}))
             batch.lines.update((row.line_number, row) for _, _, row in planned)
@@ -346,8 +400,9 @@ class BatchRunner:
         for row in rows:
             if row.error_code is not None:
                 error = LineError(row.line_number, row.custom_id, row.error_code, row.error_message or "")
-                self._writer.put(LineResult(batch.id, row.line_number,
-                                            LineOutcome(False, line_error_record(error), LineUsage())))
+                self._writer.put(
+                    LineResult(batch.id, row.line_number, LineOutcome(False, line_error_record(error), LineUsage()))
+                )
             else:
                 batch.lines[row.line_number] = row
                 runnable.append(row.line_number)
@@ -379,7 +434,9 @@ class BatchRunner:
 
     def _store_assignment(self, batch_id: str, assignment: Mapping[Slot, list[int]]) -> None:
         task = asyncio.get_running_loop().create_task(
-            asyncio.to_thread(self.store.assign, batch_id, self.owner, assignment))
+            asyncio.to_thread(self.store.assign, batch_id, self.owner, assignment)
+        )
+
         def report(done: asyncio.Task) -> None:
             if not done.cancelled() and done.exception() is not None:
                 logger.warning("recording where lines run failed: %s", done.exception())
@@ -424,8 +481,12 @@ class BatchRunner:
         after = 0
         while rows := await asyncio.to_thread(self.store.pending_lines, batch.id, after_line=after, limit=EXPIRE_CHUNK):
             for row in rows:
-                record = error_record(row.custom_id, "batch_expired",
-                                      "the batch's completion window ended before this request ran", row.line_number)
+                record = error_record(
+                    row.custom_id,
+                    "batch_expired",
+                    "the batch's completion window ended before this request ran",
+                    row.line_number,
+                )
                 self._writer.put(LineResult(batch.id, row.line_number, LineOutcome(False, record, LineUsage())))
             after = rows[-1].line_number
             await self._writer.drained(batch.id)
@@ -437,8 +498,15 @@ class BatchRunner:
         expires_at = now + row.output_expires_after if row.output_expires_after else None
         output = FileRow(row.output_blob, OUTPUT_PURPOSE, f"{row.id}_output.jsonl", row.output_bytes, now, expires_at)
         errors = FileRow(row.error_blob, OUTPUT_PURPOSE, f"{row.id}_error.jsonl", row.error_bytes, now, expires_at)
-        finished = await asyncio.to_thread(self.store.finish, row.id, self.owner, status, now,
-                                           output if row.output_bytes else None, errors if row.error_bytes else None)
+        finished = await asyncio.to_thread(
+            self.store.finish,
+            row.id,
+            self.owner,
+            status,
+            now,
+            output if row.output_bytes else None,
+            errors if row.error_bytes else None,
+        )
         if finished:
             self._drop(row.id)
             await asyncio.to_thread(self.blobs.delete_prepared, row.id)

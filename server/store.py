@@ -38,14 +38,40 @@ from sqlalchemy import Connection, RowMapping, Select, Table, or_, select, updat
 
 from sgl_blend.server.db import Database, open_database, retry_reads
 from sgl_blend.server.store_lines import LineQueries, fence
-from sgl_blend.server.store_rows import (ACTIVE_STATUSES, COMPLETED, FAILED, PENDING, TERMINAL_STATUSES,
-                                         AlreadyCommitted, BatchCommit, BatchRow, Conflict, FileRow, LeaseLost,
-                                         LineRow, batch_row, file_row, key_owner)
+from sgl_blend.server.store_rows import (
+    ACTIVE_STATUSES,
+    COMPLETED,
+    FAILED,
+    PENDING,
+    TERMINAL_STATUSES,
+    AlreadyCommitted,
+    BatchCommit,
+    BatchRow,
+    Conflict,
+    FileRow,
+    LeaseLost,
+    LineRow,
+    batch_row,
+    file_row,
+    key_owner,
+)
 from sgl_blend.server.store_schema import batches, files, migrate
 
 __all__ = [
-    "ACTIVE_STATUSES", "COMPLETED", "FAILED", "PENDING", "TERMINAL_STATUSES", "AlreadyCommitted", "BatchCommit",
-    "BatchRow", "BatchStore", "Conflict", "FileRow", "LeaseLost", "LineRow", "key_owner",
+    "ACTIVE_STATUSES",
+    "COMPLETED",
+    "FAILED",
+    "PENDING",
+    "TERMINAL_STATUSES",
+    "AlreadyCommitted",
+    "BatchCommit",
+    "BatchRow",
+    "BatchStore",
+    "Conflict",
+    "FileRow",
+    "LeaseLost",
+    "LineRow",
+    "key_owner",
 ]
 
 _FINISHED_FROM = {"completed": "finalizing", "expired": "in_progress", "cancelled": "cancelling"}
@@ -89,8 +115,15 @@ class BatchStore(LineQueries):
         return file_row(found) if found else None
 
     @retry_reads
-    def list_files(self, *, after: str | None, limit: int, order: str = "desc", purpose: str | None = None,
-                   owner: str | None = None) -> tuple[list[FileRow], bool]:
+    def list_files(
+        self,
+        *,
+        after: str | None,
+        limit: int,
+        order: str = "desc",
+        purpose: str | None = None,
+        owner: str | None = None,
+    ) -> tuple[list[FileRow], bool]:
         """One page in ``created`` order (newest first for ``desc``) and whether more follow."""
         query = select(files) if purpose is None else select(files).where(files.c.purpose == purpose)
         rows, more = self._page(files, query, after=after, limit=limit, descending=order == "desc", owner=owner)
@@ -103,8 +136,9 @@ class BatchStore(LineQueries):
             found = connection.execute(query).mappings().first()
             if found is None:
                 return None
-            user = connection.execute(select(batches.c.id).where(batches.c.input_file_id == file_id,
-                                                                 batches.c.status.in_(ACTIVE_STATUSES))).first()
+            user = connection.execute(
+                select(batches.c.id).where(batches.c.input_file_id == file_id, batches.c.status.in_(ACTIVE_STATUSES))
+            ).first()
             if user is not None:
                 raise Conflict(f"file {file_id} is the input of batch {user.id}, which has not finished")
             connection.execute(files.delete().where(files.c.id == file_id))
@@ -113,8 +147,9 @@ class BatchStore(LineQueries):
     @retry_reads
     def expired_files(self, now: int) -> list[FileRow]:
         with self.db.read() as connection:
-            rows = connection.execute(select(files).where(files.c.expires_at.is_not(None),
-                                                          files.c.expires_at <= now)).mappings()
+            rows = connection.execute(
+                select(files).where(files.c.expires_at.is_not(None), files.c.expires_at <= now)
+            ).mappings()
             return [file_row(row) for row in rows]
 
     # Batches as the API sees them
@@ -124,12 +159,24 @@ class BatchStore(LineQueries):
         ``row.owner`` until ``row.lease_until`` when it has one (the routes create batches that no
         runner holds yet)."""
         with self.db.transaction() as connection:
-            connection.execute(batches.insert().values(
-                id=row.id, endpoint=row.endpoint, input_file_id=row.input_file_id,
-                completion_window=row.completion_window, status=row.status, created_at=row.created_at,
-                expires_at=row.expires_at, metadata=json.dumps(row.metadata) if row.metadata is not None else None,
-                output_expires_after=row.output_expires_after, output_blob=row.output_blob, error_blob=row.error_blob,
-                owner=row.owner, lease_until=row.lease_until, created_by=owner or row.created_by))
+            connection.execute(
+                batches.insert().values(
+                    id=row.id,
+                    endpoint=row.endpoint,
+                    input_file_id=row.input_file_id,
+                    completion_window=row.completion_window,
+                    status=row.status,
+                    created_at=row.created_at,
+                    expires_at=row.expires_at,
+                    metadata=json.dumps(row.metadata) if row.metadata is not None else None,
+                    output_expires_after=row.output_expires_after,
+                    output_blob=row.output_blob,
+                    error_blob=row.error_blob,
+                    owner=row.owner,
+                    lease_until=row.lease_until,
+                    created_by=owner or row.created_by,
+                )
+            )
 
     @retry_reads
     def get_batch(self, batch_id: str, *, owner: str | None = None) -> BatchRow | None:
@@ -144,13 +191,15 @@ class BatchStore(LineQueries):
     def request_cancel(self, batch_id: str, now: int, *, owner: str | None = None) -> BatchRow | None:
         """``validating``/``in_progress`` become ``cancelling``; a cancel already under way is a no-op."""
         with self.db.transaction() as connection:
-            status = connection.execute(_owned(select(batches.c.status), batches, owner)
-                                        .where(batches.c.id == batch_id)).scalar()
+            status = connection.execute(
+                _owned(select(batches.c.status), batches, owner).where(batches.c.id == batch_id)
+            ).scalar()
             if status is None:
                 return None
             if status in ("validating", "in_progress"):
-                connection.execute(update(batches).where(batches.c.id == batch_id)
-                                   .values(status="cancelling", cancelling_at=now))
+                connection.execute(
+                    update(batches).where(batches.c.id == batch_id).values(status="cancelling", cancelling_at=now)
+                )
             elif status != "cancelling":
                 raise Conflict(f"batch {batch_id} is {status}; only a validating or in-progress batch can be cancelled")
             return _batch(connection, batch_id, owner)
@@ -161,12 +210,16 @@ class BatchStore(LineQueries):
         """Take (or renew) the lease of every unfinished batch that is free, lapsed, or already ours;
         ``steal`` takes them all (a sole server starting up)."""
         active = batches.c.status.in_(ACTIVE_STATUSES)
-        takeable = active if steal else active & or_(batches.c.owner.is_(None), batches.c.owner == owner,
-                                                     batches.c.lease_until < now)
+        takeable = (
+            active
+            if steal
+            else active & or_(batches.c.owner.is_(None), batches.c.owner == owner, batches.c.lease_until < now)
+        )
         with self.db.transaction() as connection:
             connection.execute(update(batches).where(takeable).values(owner=owner, lease_until=now + lease_s))
-            rows = connection.execute(select(batches).where(batches.c.owner == owner, active)
-                                      .order_by(batches.c.seq)).mappings()
+            rows = connection.execute(
+                select(batches).where(batches.c.owner == owner, active).order_by(batches.c.seq)
+            ).mappings()
             return [batch_row(row) for row in rows]
 
     def release(self, owner: str) -> None:
@@ -177,25 +230,33 @@ class BatchStore(LineQueries):
     def fail_batch(self, batch_id: str, owner: str, errors: list[dict[str, Any]], now: int) -> None:
         with self.db.transaction() as connection:
             fence(connection, batch_id, owner)
-            connection.execute(update(batches).where(batches.c.id == batch_id)
-                               .values(status="failed", failed_at=now, errors=json.dumps(errors)))
+            connection.execute(
+                update(batches)
+                .where(batches.c.id == batch_id)
+                .values(status="failed", failed_at=now, errors=json.dumps(errors))
+            )
 
     def note_errors(self, batch_id: str, owner: str, errors: list[dict[str, Any]] | None) -> None:
         """Show (or, with None, clear) errors on a batch that goes on: why it is paused. The batch's
         next `commit_results` clears them."""
         with self.db.transaction() as connection:
             fence(connection, batch_id, owner)
-            connection.execute(update(batches).where(batches.c.id == batch_id)
-                               .values(errors=json.dumps(errors) if errors else None))
+            connection.execute(
+                update(batches).where(batches.c.id == batch_id).values(errors=json.dumps(errors) if errors else None)
+            )
 
     def set_finalizing(self, batch_id: str, owner: str, now: int) -> None:
         with self.db.transaction() as connection:
             fence(connection, batch_id, owner)
-            connection.execute(update(batches).where(batches.c.id == batch_id, batches.c.status == "in_progress")
-                               .values(status="finalizing", finalizing_at=now))
+            connection.execute(
+                update(batches)
+                .where(batches.c.id == batch_id, batches.c.status == "in_progress")
+                .values(status="finalizing", finalizing_at=now)
+            )
 
-    def finish(self, batch_id: str, owner: str, status: str, now: int,
-               output_file: FileRow | None, error_file: FileRow | None) -> bool:
+    def finish(
+        self, batch_id: str, owner: str, status: str, now: int, output_file: FileRow | None, error_file: FileRow | None
+    ) -> bool:
         """End a batch as ``completed`` (from ``finalizing``), ``expired`` (from ``in_progress``) or
         ``cancelled`` (from ``cancelling``), publishing its result files, which belong to the batch's
         creator. False, changing nothing, when the batch is no longer in that state (a cancel came
@@ -203,10 +264,19 @@ class BatchStore(LineQueries):
         with self.db.transaction() as connection:
             fence(connection, batch_id, owner)
             result = connection.execute(
-                update(batches).where(batches.c.id == batch_id, batches.c.status == _FINISHED_FROM[status])
-                .values({"status": status, f"{status}_at": now,
-                         "output_file_id": output_file.id if output_file else None,
-                         "error_file_id": error_file.id if error_file else None, "owner": None, "lease_until": 0}))
+                update(batches)
+                .where(batches.c.id == batch_id, batches.c.status == _FINISHED_FROM[status])
+                .values(
+                    {
+                        "status": status,
+                        f"{status}_at": now,
+                        "output_file_id": output_file.id if output_file else None,
+                        "error_file_id": error_file.id if error_file else None,
+                        "owner": None,
+                        "lease_until": 0,
+                    }
+                )
+            )
             if result.rowcount != 1:
                 return False
             creator = connection.execute(select(batches.c.created_by).where(batches.c.id == batch_id)).scalar()
@@ -217,13 +287,15 @@ class BatchStore(LineQueries):
 
     # Helpers
 
-    def _page(self, table: Table, query: Select, *, after: str | None, limit: int, descending: bool,
-              owner: str | None) -> tuple[Sequence[RowMapping], bool]:
+    def _page(
+        self, table: Table, query: Select, *, after: str | None, limit: int, descending: bool, owner: str | None
+    ) -> tuple[Sequence[RowMapping], bool]:
         query = _owned(query, table, owner)
         with self.db.read() as connection:
             if after is not None:
-                anchor = connection.execute(_owned(select(table.c.seq), table, owner)
-                                            .where(table.c.id == after)).scalar()
+                anchor = connection.execute(
+                    _owned(select(table.c.seq), table, owner).where(table.c.id == after)
+                ).scalar()
                 if anchor is None:
                     raise KeyError(after)
                 query = query.where(table.c.seq < anchor if descending else table.c.seq > anchor)
@@ -244,6 +316,14 @@ def _batch(connection: Connection, batch_id: str, owner: str | None) -> BatchRow
 
 
 def _insert_file(connection: Connection, row: FileRow, created_by: str | None) -> None:
-    connection.execute(files.insert().values(id=row.id, purpose=row.purpose, filename=row.filename, bytes=row.bytes,
-                                             created_at=row.created_at, expires_at=row.expires_at,
-                                             created_by=created_by))
+    connection.execute(
+        files.insert().values(
+            id=row.id,
+            purpose=row.purpose,
+            filename=row.filename,
+            bytes=row.bytes,
+            created_at=row.created_at,
+            expires_at=row.expires_at,
+            created_by=created_by,
+        )
+    )

@@ -12,10 +12,22 @@ The `Table` objects describe the schema at the newest version, for the store's q
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from sqlalchemy import (BigInteger, Column, Connection, Float, Integer, MetaData, Table, Text, inspect, select, text,
-                        update)
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Float,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    inspect,
+    select,
+    text,
+    update,
+)
 
 from sgl_blend.server.db import Database
 
@@ -23,7 +35,8 @@ metadata = MetaData()
 _ID = BigInteger().with_variant(Integer, "sqlite")
 
 files = Table(
-    "files", metadata,
+    "files",
+    metadata,
     Column("seq", _ID, primary_key=True),
     Column("id", Text, nullable=False, unique=True),
     Column("purpose", Text, nullable=False),
@@ -35,7 +48,8 @@ files = Table(
 )
 
 batches = Table(
-    "batches", metadata,
+    "batches",
+    metadata,
     Column("seq", _ID, primary_key=True),
     Column("id", Text, nullable=False, unique=True),
     Column("endpoint", Text, nullable=False),
@@ -44,13 +58,17 @@ batches = Table(
     Column("status", Text, nullable=False),
     Column("created_at", BigInteger, nullable=False),
     Column("expires_at", BigInteger, nullable=False),
-    *(Column(f"{status}_at", BigInteger) for status in
-      ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")),
+    *(
+        Column(f"{status}_at", BigInteger)
+        for status in ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
+    ),
     Column("errors", Text),
     Column("metadata", Text),
     Column("output_expires_after", BigInteger),
-    *(Column(counter, BigInteger, nullable=False, default=0) for counter in
-      ("total", "completed", "failed", "input_tokens", "cached_tokens", "output_tokens")),
+    *(
+        Column(counter, BigInteger, nullable=False, default=0)
+        for counter in ("total", "completed", "failed", "input_tokens", "cached_tokens", "output_tokens")
+    ),
     Column("output_blob", Text, nullable=False),
     Column("error_blob", Text, nullable=False),
     Column("output_bytes", BigInteger, nullable=False, default=0),
@@ -63,7 +81,8 @@ batches = Table(
 )
 
 batch_lines = Table(
-    "batch_lines", metadata,
+    "batch_lines",
+    metadata,
     Column("batch_id", Text, primary_key=True),
     Column("line_number", BigInteger, primary_key=True),
     Column("custom_id", Text),
@@ -134,8 +153,10 @@ _FIRST_TABLES = (
     )""",
     "CREATE INDEX IF NOT EXISTS batches_active ON batches (status, lease_until)",
 )
-_ID_COLUMN = {"sqlite": "INTEGER PRIMARY KEY AUTOINCREMENT",
-              "postgresql": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"}
+_ID_COLUMN = {
+    "sqlite": "INTEGER PRIMARY KEY AUTOINCREMENT",
+    "postgresql": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+}
 # Any number: the key of the advisory lock that makes PostgreSQL migrations take turns.
 _MIGRATION_LOCK = 0x5B1E4D
 
@@ -161,10 +182,12 @@ def _index_feeds(connection: Connection) -> None:
     """Indexes that serve a slot's feed read in file order and in plan order, so that a refill
     reads one index range instead of sorting every pending line of the batch."""
     connection.exec_driver_sql("DROP INDEX IF EXISTS batch_lines_todo")
-    connection.exec_driver_sql("CREATE INDEX batch_lines_todo ON batch_lines"
-                               " (batch_id, state, worker, dp_rank, line_number)")
-    connection.exec_driver_sql("CREATE INDEX batch_lines_plan ON batch_lines"
-                               " (batch_id, state, worker, dp_rank, plan_rank, line_number)")
+    connection.exec_driver_sql(
+        "CREATE INDEX batch_lines_todo ON batch_lines (batch_id, state, worker, dp_rank, line_number)"
+    )
+    connection.exec_driver_sql(
+        "CREATE INDEX batch_lines_plan ON batch_lines (batch_id, state, worker, dp_rank, plan_rank, line_number)"
+    )
 
 
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 import httpx
 
-from sgl_blend.batch_lines.outcome import (AnswerLost, LineOutcome, WorkerUnreachable, aborted_outcome,
-                                           answer_outcome)
+from sgl_blend.batch_lines.outcome import AnswerLost, LineOutcome, WorkerUnreachable, aborted_outcome, answer_outcome
 from sgl_blend.client import http
 from sgl_blend.server.in_process import InProcessEngine
 from sgl_blend.server.line_route import ABORT_PATH, LINES_PATH
@@ -50,8 +50,15 @@ class LineCall:
 
     def wire(self) -> bytes:
         """The line as the line route reads it, the body's bytes spliced in as they are."""
-        head = json.dumps({"rid": self.rid, "custom_id": self.custom_id, "url": self.line.url,
-                           "routing_key": self.routing_key, "dp_rank": self.dp_rank})
+        head = json.dumps(
+            {
+                "rid": self.rid,
+                "custom_id": self.custom_id,
+                "url": self.line.url,
+                "routing_key": self.routing_key,
+                "dp_rank": self.dp_rank,
+            }
+        )
         return head[:-1].encode() + b', "body": ' + self.line.body + b"}\n"
 
 
@@ -70,8 +77,14 @@ class InProcessTransport:
         self.engine = engine
 
     async def run(self, call: LineCall) -> LineOutcome:
-        return await self.engine.run(call.line.url, call.custom_id, call.line.conversion, rid=call.rid,
-                                     routing_key=call.routing_key, dp_rank=call.dp_rank)
+        return await self.engine.run(
+            call.line.url,
+            call.custom_id,
+            call.line.conversion,
+            rid=call.rid,
+            routing_key=call.routing_key,
+            dp_rank=call.dp_rank,
+        )
 
     async def abort(self, rids: Iterable[str]) -> None:
         self.engine.abort(rids)
@@ -86,8 +99,14 @@ class InProcessTransport:
 class StreamTransport:
     """``client`` carries the API key the remote server takes."""
 
-    def __init__(self, url: str, client: httpx.AsyncClient, *, abort_headers: dict[str, str] | None = None,
-                 chunk_lines: int = CHUNK_LINES) -> None:
+    def __init__(
+        self,
+        url: str,
+        client: httpx.AsyncClient,
+        *,
+        abort_headers: dict[str, str] | None = None,
+        chunk_lines: int = CHUNK_LINES,
+    ) -> None:
         self.url = url
         self.client = client
         self.chunk_lines = chunk_lines
@@ -110,7 +129,7 @@ class StreamTransport:
         """Send what is waiting: the lines started in this loop step go together."""
         self._flush_due = False
         while self._waiting:
-            chunk, self._waiting = self._waiting[:self.chunk_lines], self._waiting[self.chunk_lines:]
+            chunk, self._waiting = self._waiting[: self.chunk_lines], self._waiting[self.chunk_lines :]
             task = asyncio.create_task(self._send(chunk))
             self._chunks.add(task)
             task.add_done_callback(self._chunks.discard)
@@ -121,8 +140,9 @@ class StreamTransport:
             return
         content = b"".join(call.wire() for call, _future in waiting.values())
         try:
-            async with self.client.stream("POST", self.url + LINES_PATH, content=content,
-                                          headers={"Content-Type": "application/x-ndjson"}) as response:
+            async with self.client.stream(
+                "POST", self.url + LINES_PATH, content=content, headers={"Content-Type": "application/x-ndjson"}
+            ) as response:
                 if response.status_code != 200:
                     answer = _json_or_text(await response.aread())
                     for call, future in waiting.values():
@@ -147,15 +167,20 @@ class StreamTransport:
         if entry is None:
             return
         call, future = entry
-        _settle(future, aborted_outcome(call.custom_id) if record.get("aborted")
-                else answer_outcome(call.custom_id, int(record["status"]), record["body"]))
+        _settle(
+            future,
+            aborted_outcome(call.custom_id)
+            if record.get("aborted")
+            else answer_outcome(call.custom_id, int(record["status"]), record["body"]),
+        )
 
     async def abort(self, rids: Iterable[str]) -> None:
         """Abort lines the remote server is running (each answers as aborted); a server that cannot
         be reached has them end with their stream."""
         try:
-            await self.client.post(self.url + ABORT_PATH, json={"rids": list(rids)}, headers=self._abort_headers,
-                                   timeout=PROBE_TIMEOUT_S)
+            await self.client.post(
+                self.url + ABORT_PATH, json={"rids": list(rids)}, headers=self._abort_headers, timeout=PROBE_TIMEOUT_S
+            )
         except http.NoAnswer:
             pass
 

@@ -68,10 +68,15 @@ class _FormReceiver:
         self._file: BinaryIO | None = None
 
     def callbacks(self) -> MultipartCallbacks:
-        return {"on_part_begin": self._part_begin, "on_header_field": self._header_field_data,
-                "on_header_value": self._header_value_data, "on_header_end": self._header_end,
-                "on_headers_finished": self._headers_finished, "on_part_data": self._part_data,
-                "on_part_end": self._part_end}
+        return {
+            "on_part_begin": self._part_begin,
+            "on_header_field": self._header_field_data,
+            "on_header_value": self._header_value_data,
+            "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_finished,
+            "on_part_data": self._part_data,
+            "on_part_end": self._part_end,
+        }
 
     def _part_begin(self) -> None:
         self._parts += 1
@@ -85,8 +90,11 @@ class _FormReceiver:
     def _count_header(self, size: int) -> None:
         self._header_bytes += size
         if self._header_bytes > MAX_PART_HEADER_BYTES:
-            raise UploadTooLarge(f"a form part's headers are longer than {MAX_PART_HEADER_BYTES} bytes",
-                                 param="file", limit=MAX_PART_HEADER_BYTES)
+            raise UploadTooLarge(
+                f"a form part's headers are longer than {MAX_PART_HEADER_BYTES} bytes",
+                param="file",
+                limit=MAX_PART_HEADER_BYTES,
+            )
 
     def _header_field_data(self, data: bytes, start: int, end: int) -> None:
         self._count_header(end - start)
@@ -119,8 +127,11 @@ class _FormReceiver:
             return
         self._field_value += data[start:end]
         if len(self._field_value) > MAX_FORM_FIELD_BYTES:
-            raise UploadTooLarge(f"form field {self._field_name!r} is longer than {MAX_FORM_FIELD_BYTES} bytes",
-                                 param=self._field_name or "file", limit=MAX_FORM_FIELD_BYTES)
+            raise UploadTooLarge(
+                f"form field {self._field_name!r} is longer than {MAX_FORM_FIELD_BYTES} bytes",
+                param=self._field_name or "file",
+                limit=MAX_FORM_FIELD_BYTES,
+            )
 
     def _part_end(self) -> None:
         if self._file is not None and self._field_name == FILE_FIELD and not self._file.closed:
@@ -171,5 +182,6 @@ async def receive_upload(request: Request, destination: Path, max_file_bytes: in
 
 
 def _file_too_large(max_file_bytes: int) -> UploadTooLarge:
-    return UploadTooLarge(f"the file is larger than this server's limit of {max_file_bytes} bytes",
-                          param="file", limit=max_file_bytes)
+    return UploadTooLarge(
+        f"the file is larger than this server's limit of {max_file_bytes} bytes", param="file", limit=max_file_bytes
+    )

@@ -12,13 +12,20 @@ kept in memory beyond one chunk of lines and the custom_ids seen so far (to find
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Collection, Iterator, Sequence
+from typing import BinaryIO
 
 from sgl_blend.batch_lines.bodies import BodyCaps
-from sgl_blend.batch_lines.lines import (DEFAULT_MAX_LINE_BYTES, BatchLine, LineError, duplicate_id_error,
-                                         line_too_long, parse_line)
+from sgl_blend.batch_lines.lines import (
+    DEFAULT_MAX_LINE_BYTES,
+    BatchLine,
+    LineError,
+    duplicate_id_error,
+    line_too_long,
+    parse_line,
+)
 from sgl_blend.batch_lines.tokenize import LineTokenizer, output_bound
 from sgl_blend.core.dp_shares import WorkItem
 from sgl_blend.server.prepared import PreparedLine, PreparedWriter
@@ -73,9 +80,18 @@ class LineLimits:
     caps: BodyCaps = BodyCaps()
 
 
-def index_batch(store: BatchStore, owner: str, batch_id: str, input_path: Path, folder: Path, limits: LineLimits,
-                prepare: Prepare = as_read, *, done: Collection[int] = (),
-                on_chunk: Callable[[list[LineRow], dict[int, WorkItem]], None] = lambda _rows, _items: None) -> int:
+def index_batch(
+    store: BatchStore,
+    owner: str,
+    batch_id: str,
+    input_path: Path,
+    folder: Path,
+    limits: LineLimits,
+    prepare: Prepare = as_read,
+    *,
+    done: Collection[int] = (),
+    on_chunk: Callable[[list[LineRow], dict[int, WorkItem]], None] = lambda _rows, _items: None,
+) -> int:
     """Validate a batch's input into its prepared ``folder`` and the store's line index, chunk by
     chunk, handing each stored chunk (its rows, and the prompts read for it by line number) to
     ``on_chunk``, so its lines can run before the rest is read; the number of lines. Lines in
@@ -104,15 +120,18 @@ def count_requests(path: Path, limits: LineLimits) -> int:
         for _line in _lines(handle, limits.max_line_bytes):
             count += 1
             if count > limits.max_lines:
-                raise FileRejected("too_many_requests",
-                                   f"the input file has more than {limits.max_lines} requests, this server's limit")
+                raise FileRejected(
+                    "too_many_requests",
+                    f"the input file has more than {limits.max_lines} requests, this server's limit",
+                )
     if count == 0:
         raise FileRejected("empty_file", "the input file has no requests")
     return count
 
 
-def validate_input(path: Path, limits: LineLimits, writer: PreparedWriter, prepare: Prepare = as_read,
-                   *, done: Collection[int] = ()) -> Iterator[tuple[list[LineRow], dict[int, WorkItem]]]:
+def validate_input(
+    path: Path, limits: LineLimits, writer: PreparedWriter, prepare: Prepare = as_read, *, done: Collection[int] = ()
+) -> Iterator[tuple[list[LineRow], dict[int, WorkItem]]]:
     """The file's rows in file order, a chunk at a time, each with the prompts read for it.
     ``writer`` receives every good line (and its prompt, when ``prepare`` reads one) except those
     in ``done``; the caller closes it. Every line is parsed, ``done`` ones too, so a custom_id
@@ -122,8 +141,11 @@ def validate_input(path: Path, limits: LineLimits, writer: PreparedWriter, prepa
     size = FIRST_CHUNK_LINES
     with path.open("rb") as handle:
         for number, raw in _lines(handle, limits.max_line_bytes):
-            parsed = line_too_long(number, limits.max_line_bytes) if raw is None \
+            parsed = (
+                line_too_long(number, limits.max_line_bytes)
+                if raw is None
                 else parse_line(raw, number, limits.urls, limits.max_line_bytes, limits.caps)
+            )
             chunk.append(_unique(parsed, seen))
             if len(chunk) >= size:
                 yield _finish_chunk(chunk, writer, prepare, done)
@@ -158,8 +180,9 @@ def _unique(parsed: BatchLine | LineError, seen: set[str]) -> BatchLine | LineEr
     return parsed
 
 
-def _finish_chunk(chunk: list[BatchLine | LineError], writer: PreparedWriter, prepare: Prepare,
-                  done: Collection[int]) -> tuple[list[LineRow], dict[int, WorkItem]]:
+def _finish_chunk(
+    chunk: list[BatchLine | LineError], writer: PreparedWriter, prepare: Prepare, done: Collection[int]
+) -> tuple[list[LineRow], dict[int, WorkItem]]:
     """The chunk's rows, its good lines (but those ``done``) prepared and written."""
     lines = [line for line in chunk if isinstance(line, BatchLine) and line.line_number not in done]
     prepared = dict(zip((line.line_number for line in lines), zip(lines, prepare(lines)))) if lines else {}

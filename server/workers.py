@@ -107,16 +107,30 @@ class WorkerPool:
     connections per worker carry chunks of lines. ``on_change`` is called when a worker is
     declared dead (its lines must move)."""
 
-    def __init__(self, urls: Sequence[str], *, engine: InProcessEngine | None = None, local_url: str | None = None,
-                 api_key: str | None = None, admin_api_key: str | None = None, grace_s: float = WORKER_GRACE_S,
-                 on_change: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        engine: InProcessEngine | None = None,
+        local_url: str | None = None,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
+        grace_s: float = WORKER_GRACE_S,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
         if not urls:
             raise ValueError("a batch runner needs at least one worker URL")
         self._client = http.async_client(key=api_key, max_connections=None)
         abort_headers = http.auth_headers(admin_api_key or api_key)
-        self.workers = {url: Worker(url, InProcessTransport(engine) if engine is not None and url == local_url
-                                    else StreamTransport(url, self._client, abort_headers=abort_headers))
-                        for url in dict.fromkeys(urls)}
+        self.workers = {
+            url: Worker(
+                url,
+                InProcessTransport(engine)
+                if engine is not None and url == local_url
+                else StreamTransport(url, self._client, abort_headers=abort_headers),
+            )
+            for url in dict.fromkeys(urls)
+        }
         self.grace_s = grace_s
         self._on_change = on_change
         # Each line's request id as the dispatcher knows it -> the id of its try under way, and
@@ -140,8 +154,9 @@ class WorkerPool:
         now = time.monotonic()
         return (worker for worker in self.workers.values() if worker.live and worker.backoff.ready(now))
 
-    async def send(self, worker: Worker, custom_id: str, line: PreparedLine, routing_key: str, rid: str,
-                   dp_rank: int | None) -> LineOutcome:
+    async def send(
+        self, worker: Worker, custom_id: str, line: PreparedLine, routing_key: str, rid: str, dp_rank: int | None
+    ) -> LineOutcome:
         """The line's outcome from the worker, tried again while what comes back is transient.
         Raises `WorkerUnreachable` when the worker cannot be reached, or is what keeps failing
         (the line never ran, or may run again: it goes back to wait or move); an abort the runner
@@ -150,8 +165,13 @@ class WorkerPool:
 
         def note_failure(state: RetryCallState) -> None:
             assert state.outcome is not None, "tenacity sleeps only after an attempt"
-            logger.info("line %s on %s: %s; trying again in %.1f s", custom_id, worker.url,
-                        state.outcome.exception(), state.upcoming_sleep)
+            logger.info(
+                "line %s on %s: %s; trying again in %.1f s",
+                custom_id,
+                worker.url,
+                state.outcome.exception(),
+                state.upcoming_sleep,
+            )
 
         try:
             try:  # the first try goes straight: most lines need no other, and tenacity costs a little per line
@@ -168,15 +188,18 @@ class WorkerPool:
             def stop(state: RetryCallState) -> bool:
                 return attempts(state) or not worker.live or rid in self._aborted
 
-            retrying = AsyncRetrying(stop=stop,
-                                     wait=wait_exponential(multiplier=2 * RETRY_FIRST_S, max=RETRY_MAX_S)
-                                     + wait_random(0, RETRY_FIRST_S),
-                                     retry=retry_if_exception_type((_Transient, AnswerLost)),
-                                     before_sleep=note_failure, reraise=True)
+            retrying = AsyncRetrying(
+                stop=stop,
+                wait=wait_exponential(multiplier=2 * RETRY_FIRST_S, max=RETRY_MAX_S) + wait_random(0, RETRY_FIRST_S),
+                retry=retry_if_exception_type((_Transient, AnswerLost)),
+                before_sleep=note_failure,
+                reraise=True,
+            )
             async for attempt in retrying:
                 with attempt:
-                    return await self._try(worker, custom_id, line, routing_key, rid,
-                                           attempt.retry_state.attempt_number + 1, dp_rank)
+                    return await self._try(
+                        worker, custom_id, line, routing_key, rid, attempt.retry_state.attempt_number + 1, dp_rank
+                    )
         except (_Transient, AnswerLost) as last:
             return self._gave_up(worker, custom_id, rid, last, failed_at)
         finally:
@@ -184,8 +207,16 @@ class WorkerPool:
             self._aborted.discard(rid)
         raise AssertionError("tenacity neither returned nor raised")
 
-    async def _try(self, worker: Worker, custom_id: str, line: PreparedLine, routing_key: str, rid: str,
-                   number: int, dp_rank: int | None) -> LineOutcome:
+    async def _try(
+        self,
+        worker: Worker,
+        custom_id: str,
+        line: PreparedLine,
+        routing_key: str,
+        rid: str,
+        number: int,
+        dp_rank: int | None,
+    ) -> LineOutcome:
         """One try, under the line's request id the first time and a fresh one after that."""
         if rid in self._aborted:
             return aborted_outcome(custom_id)
@@ -211,9 +242,15 @@ class WorkerPool:
             raise WorkerUnreachable(f"{worker.url} keeps failing ({last}); the line waits for it or moves") from last
         if isinstance(last, _Transient):
             return last.outcome
-        return LineOutcome(False, error_record(custom_id, "no_answer", f"no answer after {SEND_TRIES} tries, while "
-                                                                       f"the server answered other lines: {last}"),
-                           LineUsage())
+        return LineOutcome(
+            False,
+            error_record(
+                custom_id,
+                "no_answer",
+                f"no answer after {SEND_TRIES} tries, while the server answered other lines: {last}",
+            ),
+            LineUsage(),
+        )
 
     async def abort(self, running: Iterable[tuple[str, str]]) -> None:
         """Abort (worker URL, SGLang request id) pairs, each worker's at once: the try under way of
@@ -235,8 +272,12 @@ class WorkerPool:
         now = time.monotonic()
         pause = worker.backoff.failed(now)
         if worker.live and worker.backoff.failing_for(now) >= self.grace_s:
-            logger.warning("worker %s failing every line for %.0f s; declaring it dead: %s", worker.url,
-                           worker.backoff.failing_for(now), error)
+            logger.warning(
+                "worker %s failing every line for %.0f s; declaring it dead: %s",
+                worker.url,
+                worker.backoff.failing_for(now),
+                error,
+            )
             worker.dp_size = None
             self._on_change()
         else:

@@ -24,7 +24,8 @@ import importlib.util
 import os
 import sys
 import types
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 STUB_ENV = "SGLBLEND_KERNEL_STUB"
 _TORCHVISION_META = "torchvision._meta_registrations"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
@@ -39,8 +40,11 @@ def _models() -> dict[str, type[BaseModel]]:
     and `sgl-blend batch` commands never validate a line)."""
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
-    return {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
-            "/v1/embeddings": EmbeddingRequest}
+    return {
+        "/v1/chat/completions": ChatCompletionRequest,
+        "/v1/completions": CompletionRequest,
+        "/v1/embeddings": EmbeddingRequest,
+    }
 
 
 def validate_body(url: str, encoded: bytes, caps: BodyCaps) -> BaseModel | str:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -53,8 +54,13 @@ class LineError:
     message: str
 
 
-def parse_line(raw: bytes | str, line_number: int, allowed_urls: tuple[str, ...] = SUPPORTED_URLS,
-               max_bytes: int = DEFAULT_MAX_LINE_BYTES, caps: BodyCaps = BodyCaps()) -> BatchLine | LineError:
+def parse_line(
+    raw: bytes | str,
+    line_number: int,
+    allowed_urls: tuple[str, ...] = SUPPORTED_URLS,
+    max_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    caps: BodyCaps = BodyCaps(),
+) -> BatchLine | LineError:
     """The line's bytes parsed (see the module's docstring: this never raises)."""
     if len(raw) > max_bytes:
         return line_too_long(line_number, max_bytes)
@@ -71,8 +77,9 @@ def parse_line(raw: bytes | str, line_number: int, allowed_urls: tuple[str, ...]
     return parse_record(record, line_number, allowed_urls, caps)
 
 
-def parse_record(record: Any, line_number: int, allowed_urls: tuple[str, ...] = SUPPORTED_URLS,
-                 caps: BodyCaps = BodyCaps()) -> BatchLine | LineError:
+def parse_record(
+    record: Any, line_number: int, allowed_urls: tuple[str, ...] = SUPPORTED_URLS, caps: BodyCaps = BodyCaps()
+) -> BatchLine | LineError:
     """A line already decoded from JSON (a remote runner's line, `server.line_route`), checked as
     `parse_line` checks it."""
     if not isinstance(record, dict):
@@ -82,8 +89,7 @@ def parse_record(record: Any, line_number: int, allowed_urls: tuple[str, ...] = 
         return LineError(line_number, None, "missing_custom_id", f"line {line_number} has no string custom_id")
     url = record.get("url")
     if url not in allowed_urls:
-        return LineError(line_number, custom_id, "invalid_url",
-                         f"url {url!r} is not one of {', '.join(allowed_urls)}")
+        return LineError(line_number, custom_id, "invalid_url", f"url {url!r} is not one of {', '.join(allowed_urls)}")
     method = record.get("method", "POST")
     if method != "POST":
         return LineError(line_number, custom_id, "invalid_method", f"method must be POST, got {method!r}")
@@ -125,8 +131,9 @@ def line_too_long(line_number: int, max_bytes: int) -> LineError:
 def duplicate_id_error(line_number: int, custom_id: str) -> LineError:
     """The error of a line whose custom_id an earlier line already has. Its error record carries no
     custom_id, so that every custom_id in the output and error files still names one line."""
-    return LineError(line_number, None, "duplicate_custom_id",
-                     f"custom_id {custom_id!r} appears more than once (line {line_number})")
+    return LineError(
+        line_number, None, "duplicate_custom_id", f"custom_id {custom_id!r} appears more than once (line {line_number})"
+    )
 
 
 def _encode(body: dict[str, Any]) -> bytes:

@@ -44,12 +44,18 @@ class LineUsage:
         if not isinstance(usage, dict):
             return cls()
         details = usage.get("prompt_tokens_details") or {}
-        return cls(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                   int(details.get("cached_tokens") or 0))
+        return cls(
+            int(usage.get("prompt_tokens") or 0),
+            int(usage.get("completion_tokens") or 0),
+            int(details.get("cached_tokens") or 0),
+        )
 
     def __add__(self, other: LineUsage) -> LineUsage:
-        return LineUsage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens,
-                         self.cached_tokens + other.cached_tokens)
+        return LineUsage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.cached_tokens + other.cached_tokens,
+        )
 
     def report(self, seconds: float) -> dict[str, Any]:
         """Token counts, cache-hit ratio and rates over ``seconds``: what a finished job reports."""
@@ -90,13 +96,25 @@ def answer_outcome(custom_id: str, status: int, answer: Any) -> LineOutcome:
     if status != 200:
         return LineOutcome(False, output_record(custom_id, status, answer), LineUsage(), status=status)
     request_id = answer.get("id") if isinstance(answer, dict) else None
-    aborted = any(choice.get("finish_reason") == "abort" for choice in (answer.get("choices") or [])
-                  if isinstance(choice, dict)) if isinstance(answer, dict) else False
-    return LineOutcome(not aborted, output_record(custom_id, status, answer, request_id),
-                       LineUsage.from_body(answer), aborted, status)
+    aborted = (
+        any(
+            choice.get("finish_reason") == "abort"
+            for choice in (answer.get("choices") or [])
+            if isinstance(choice, dict)
+        )
+        if isinstance(answer, dict)
+        else False
+    )
+    return LineOutcome(
+        not aborted, output_record(custom_id, status, answer, request_id), LineUsage.from_body(answer), aborted, status
+    )
 
 
 def aborted_outcome(custom_id: str) -> LineOutcome:
     """The outcome of a line the runner aborted before SGLang answered it."""
-    return LineOutcome(False, error_record(custom_id, "aborted", "the batch stopped before this request ran"),
-                       LineUsage(), aborted=True)
+    return LineOutcome(
+        False,
+        error_record(custom_id, "aborted", "the batch stopped before this request ran"),
+        LineUsage(),
+        aborted=True,
+    )

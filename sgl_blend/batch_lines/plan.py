@@ -50,13 +50,18 @@ class LinePlanner:
             return None
         return cls(cost_model, blend=None if entry.blends else False, one_cursor=entry.one_cursor)
 
-    def plan(self, items: Sequence[WorkItem[K]], observed: Mapping[K, tuple[WorkItem, int]] | None = None,
-             sample_rate: float | None = None) -> BatchPlan[K]:
+    def plan(
+        self,
+        items: Sequence[WorkItem[K]],
+        observed: Mapping[K, tuple[WorkItem, int]] | None = None,
+        sample_rate: float | None = None,
+    ) -> BatchPlan[K]:
         """The plan of ``items``; ``observed`` holds the samples that already ran; ``sample_rate``
         None keeps the core's default (0: choose no samples)."""
         rate = DEFAULT_SAMPLE_RATE if sample_rate is None else sample_rate
-        return plan_batch(items, self.cost_model, blend=self.blend, one_cursor=self.one_cursor, observed=observed,
-                          sample_rate=rate)
+        return plan_batch(
+            items, self.cost_model, blend=self.blend, one_cursor=self.one_cursor, observed=observed, sample_rate=rate
+        )
 
 
 class RankSpace:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sgl_blend.batch_lines.lines import BatchLine
 from sgl_blend.core.output_length import DEFAULT_FALLBACK

@@ -38,16 +38,24 @@ def first_url(path: Path) -> str:
     raise ValueError(f"{path}: the first line has no url; pass --endpoint")
 
 
-def submit(client: openai.OpenAI, path: Path, *, endpoint: str | None = None, completion_window: str = "24h",
-           metadata: dict[str, str] | None = None) -> Batch:
+def submit(
+    client: openai.OpenAI,
+    path: Path,
+    *,
+    endpoint: str | None = None,
+    completion_window: str = "24h",
+    metadata: dict[str, str] | None = None,
+) -> Batch:
     with path.open("rb") as handle:
         uploaded = client.files.create(file=(path.name, handle), purpose="batch")
     # The SDK types both as OpenAI's own values; this server takes any endpoint it serves and any
     # window (``30m``, ``90s``), which the SDK sends as they are.
-    return client.batches.create(input_file_id=uploaded.id,
-                                 endpoint=endpoint or first_url(path),  # type: ignore[arg-type]
-                                 completion_window=completion_window,  # type: ignore[arg-type]
-                                 metadata=metadata)
+    return client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint=endpoint or first_url(path),  # type: ignore[arg-type]
+        completion_window=completion_window,  # type: ignore[arg-type]
+        metadata=metadata,
+    )
 
 
 def wait(client: openai.OpenAI, batch_id: str, *, progress: bool = True, poll_s: float = 1.0) -> Batch:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import httpx
 
@@ -54,17 +55,25 @@ def client(base_url: str = "", key: str | None = None, *, timeout: float | None 
     return httpx.Client(base_url=base_url, headers=auth_headers(key), timeout=timeout)
 
 
-def async_client(base_url: str = "", key: str | None = None, *, max_connections: int | None = 100,
-                 keep_alive: bool = True, timeout: float | httpx.Timeout | None = GENERATION_TIMEOUT,
-                 headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:
+def async_client(
+    base_url: str = "",
+    key: str | None = None,
+    *,
+    max_connections: int | None = 100,
+    keep_alive: bool = True,
+    timeout: float | httpx.Timeout | None = GENERATION_TIMEOUT,
+    headers: Mapping[str, str] | None = None,
+) -> httpx.AsyncClient:
     """A client that really holds ``max_connections`` requests in flight (None: no limit); more
     wait, without a time limit, for a connection to free up. ``keep_alive=False`` opens a
     connection per request: reusing one that the server's keep-alive timer is closing at that
     moment fails the request, which a latency measurement must not count."""
-    limits = httpx.Limits(max_connections=max_connections,
-                          max_keepalive_connections=max_connections if keep_alive else 0)
-    return httpx.AsyncClient(base_url=base_url, headers={**(headers or {}), **auth_headers(key)},
-                             timeout=timeout, limits=limits)
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections if keep_alive else 0
+    )
+    return httpx.AsyncClient(
+        base_url=base_url, headers={**(headers or {}), **auth_headers(key)}, timeout=timeout, limits=limits
+    )
 
 
 def server_info(url: str, key: str | None = None, *, timeout: float = 60.0) -> dict[str, Any]:
@@ -122,8 +131,13 @@ class Backoff:
         return (time.monotonic() if now is None else now) - self.failing_since
 
 
-def retry(attempt: Callable[[], T], *, timeout_s: float, retry_on: tuple[type[BaseException], ...] = (httpx.HTTPError,),
-          backoff: Backoff | None = None) -> T:
+def retry(
+    attempt: Callable[[], T],
+    *,
+    timeout_s: float,
+    retry_on: tuple[type[BaseException], ...] = (httpx.HTTPError,),
+    backoff: Backoff | None = None,
+) -> T:
     """Call ``attempt`` until it returns. An exception in ``retry_on`` (by default no answer, or an
     error status that `raise_for_status` raised) pauses as ``backoff`` says and tries again, until
     the next try would start past ``timeout_s``: then it is raised. Other exceptions pass at once."""

@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     submit.add_argument("--completion-window", default="24h", help="24h (OpenAI's), or e.g. 30m, 90s")
     submit.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
     submit.add_argument("--wait", action="store_true", help="follow it with a progress bar until it finishes")
-    submit.add_argument("-o", "--output-dir", type=Path, default=None,
-                        help="with --wait: download the output and error files here")
+    submit.add_argument(
+        "-o", "--output-dir", type=Path, default=None, help="with --wait: download the output and error files here"
+    )
 
     status = actions.add_parser("status", parents=[common], help="print a batch as JSON")
     status.add_argument("batch_id")
@@ -66,8 +67,9 @@ def _submit(client, args: argparse.Namespace) -> int:
     from sgl_blend.client import batches as batch_client
 
     metadata = dict(_pair(item) for item in args.metadata) or None
-    batch = batch_client.submit(client, args.file, endpoint=args.endpoint,
-                                completion_window=args.completion_window, metadata=metadata)
+    batch = batch_client.submit(
+        client, args.file, endpoint=args.endpoint, completion_window=args.completion_window, metadata=metadata
+    )
     print(batch.id, flush=True)
     if not args.wait:
         return 0

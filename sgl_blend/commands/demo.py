@@ -20,16 +20,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sgl_blend.client.batches import connect
-    from sgl_blend.server.config import BatchApiConfig
     from sgl_blend.launch.supervisor import ServerStartError, start_server
+    from sgl_blend.server.config import BatchApiConfig
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
     log = args.work_dir / "server.log"
     print(f"[demo] starting {args.model} on port {args.port} (log: {log})", flush=True)
     start = time.monotonic()
     try:
-        server = start_server(args.model, ["--port", str(args.port), "--enable-cache-report"], log_path=log,
-                              batch_api=BatchApiConfig(data_dir=args.work_dir / "batch-data"))
+        server = start_server(
+            args.model,
+            ["--port", str(args.port), "--enable-cache-report"],
+            log_path=log,
+            batch_api=BatchApiConfig(data_dir=args.work_dir / "batch-data"),
+        )
     except (ServerStartError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -37,9 +41,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"[demo] server ready in {time.monotonic() - start:.1f} s at {server.base_url}", flush=True)
         client = connect(server.base_url, server.api_key)
         question = "What is the capital of France?"
-        answer = client.chat.completions.create(
-            model=args.model, messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0
-        ).choices[0].message.content
+        answer = (
+            client.chat.completions.create(
+                model=args.model, messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0
+            )
+            .choices[0]
+            .message.content
+        )
         print(f"[demo] chat> {question}\n[demo] {args.model}> {answer}", flush=True)
         if args.batch_lines:
             from sgl_blend.jobs.demo import run_demo_batch

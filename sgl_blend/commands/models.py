@@ -16,13 +16,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     actions = parser.add_subparsers(dest="models_action", required=True, metavar="ACTION")
     prepare = actions.add_parser("prepare", help="build models into the cache (a no-op when already built)")
-    prepare.add_argument("names", nargs="*", default=[], metavar="NAME",
-                         help=f"models to build (default: all of {', '.join(MODEL_NAMES)})")
+    prepare.add_argument(
+        "names",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help=f"models to build (default: all of {', '.join(MODEL_NAMES)})",
+    )
     path = actions.add_parser("path", help="print a prepared model's directory")
     path.add_argument("name", choices=MODEL_NAMES)
     for sub in (prepare, path):
-        sub.add_argument("--cache-dir", type=Path, default=None,
-                         help="cache directory (default: $SGLBLEND_CACHE_DIR or ~/.cache/sgl-blend)")
+        sub.add_argument(
+            "--cache-dir",
+            type=Path,
+            default=None,
+            help="cache directory (default: $SGLBLEND_CACHE_DIR or ~/.cache/sgl-blend)",
+        )
 
 
 def run(args: argparse.Namespace) -> int:

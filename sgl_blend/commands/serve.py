@@ -15,66 +15,136 @@ HELP = __doc__.splitlines()[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sgl_blend.emulation.config import REALTIME_HELP
     from sgl_blend.batch_lines.bodies import DEFAULT_MAX_N, DEFAULT_MAX_TOKENS
-    from sgl_blend.server.config import (DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILE_LINES,
-                                         DEFAULT_MAX_LINE_BYTES, DEFAULT_WORKER_GRACE_S, default_data_dir)
+    from sgl_blend.emulation.config import REALTIME_HELP
+    from sgl_blend.server.config import (
+        DEFAULT_MAX_FILE_BYTES,
+        DEFAULT_MAX_FILE_LINES,
+        DEFAULT_MAX_LINE_BYTES,
+        DEFAULT_WORKER_GRACE_S,
+        default_data_dir,
+    )
 
-    parser.add_argument("--model", required=True,
-                        help="tiny-llama, smollm2-135m, or a path to an HF model directory")
+    parser.add_argument("--model", required=True, help="tiny-llama, smollm2-135m, or a path to an HF model directory")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where bundled models are built")
     parser.add_argument("--log-file", type=Path, default=None, help="write the server's output here")
-    parser.add_argument("--detach", action="store_true",
-                        help="return once /health is 200 and leave the server running (prints its pid); without it the "
-                             "server dies with this command, however it dies (kill -9 included)")
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once /health is 200 and leave the server running (prints its pid); without it the "
+        "server dies with this command, however it dies (kill -9 included)",
+    )
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for /health")
-    parser.add_argument("--offline-policy", choices=names_for(SERVE), default="blendserve",
-                        help="order of offline work (batch lines) in the scheduler: " + describe(SERVE))
-    parser.add_argument("--hardware", default=None,
-                        help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200, cpu; default cpu "
-                             "without CUDA) or an `sgl-blend profile` JSON")
-    parser.add_argument("--emulate", default=None, metavar="DEVICE",
-                        help="emulate a GPU (h100, a100-80g, or a profile JSON with its memory): SGLang runs for "
-                             "real but the model forward is skipped and priced; --model may then be llama-3.1-8b or "
-                             "llama-3.1-70b and --tp-size is priced, not run. `cpu` runs the real forward and prices "
-                             "it beside")
+    parser.add_argument(
+        "--offline-policy",
+        choices=names_for(SERVE),
+        default="blendserve",
+        help="order of offline work (batch lines) in the scheduler: " + describe(SERVE),
+    )
+    parser.add_argument(
+        "--hardware",
+        default=None,
+        help="cost-model hardware: a built-in name (a100-80g, h100-sxm, h200, cpu; default cpu "
+        "without CUDA) or an `sgl-blend profile` JSON",
+    )
+    parser.add_argument(
+        "--emulate",
+        default=None,
+        metavar="DEVICE",
+        help="emulate a GPU (h100, a100-80g, or a profile JSON with its memory): SGLang runs for "
+        "real but the model forward is skipped and priced; --model may then be llama-3.1-8b or "
+        "llama-3.1-70b and --tp-size is priced, not run. `cpu` runs the real forward and prices "
+        "it beside",
+    )
     parser.add_argument("--emulate-realtime", type=float, default=None, metavar="FACTOR", help=REALTIME_HELP)
     batch = parser.add_argument_group("Batch API (/v1/files, /v1/batches)")
-    batch.add_argument("--data-dir", type=Path, default=None,
-                       help=f"where batch files and the SQLite store live (default {default_data_dir()}, "
-                            "or $SGLBLEND_DATA_DIR)")
-    batch.add_argument("--batch-store", default="", metavar="URL",
-                       help="a postgresql:// URL to share the batch store between servers "
-                            "(default: SQLite in --data-dir)")
-    batch.add_argument("--max-file-lines", type=int, default=DEFAULT_MAX_FILE_LINES,
-                       help="most requests in one batch input file")
-    batch.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
-                       help="largest upload accepted (a bigger one gets 413)")
-    batch.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
-                       help="longest batch line that runs (a longer one fails alone, in the error file)")
-    batch.add_argument("--batch-max-inflight", type=int, default=None,
-                       help="batch lines in flight at once per DP rank, across all batches (default: twice the "
-                            "requests the scheduler runs at once, from its KV pool and running limit)")
-    batch.add_argument("--batch-workers", type=_urls, default=(), metavar="URL,...",
-                       help="other sgl-blend/SGLang servers (base URLs, same model and --api-key) that this server's "
-                            "batch runner also sends lines to, spread by BlendServe's DP partition")
-    batch.add_argument("--worker-grace", type=float, default=DEFAULT_WORKER_GRACE_S, metavar="SECONDS",
-                       help="how long a batch worker may stay unreachable before its unfinished lines move to "
-                            "the others")
-    batch.add_argument("--batch-api-keys", type=_keys, default=(), metavar="KEY,...",
-                       help="keys the Batch API takes beside SGLang's --api-key; files and batches belong to the key "
-                            "that created them and another key gets 404 for them; --admin-api-key sees all")
-    batch.add_argument("--batch-api-keys-file", type=Path, default=None, metavar="PATH",
-                       help="more Batch API keys, one per line (blank lines and # comments ignored), kept out of the "
-                            "process list")
-    batch.add_argument("--batch-cors-origins", type=_origins, default=(), metavar="ORIGIN,...",
-                       help="web origins (https://app.example.com, or *) whose pages may call the Batch API from a "
-                            "browser; every other browser request to it is refused with 403 (default: none)")
-    batch.add_argument("--batch-max-n", type=_positive, default=DEFAULT_MAX_N, metavar="N",
-                       help="most choices one batch line may ask for (n, best_of); a line over it fails alone")
-    batch.add_argument("--batch-max-tokens", type=_positive, default=DEFAULT_MAX_TOKENS, metavar="N",
-                       help="longest generation one batch line may ask for (max_tokens, max_completion_tokens); "
-                            "a line over it fails alone")
+    batch.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help=f"where batch files and the SQLite store live (default {default_data_dir()}, or $SGLBLEND_DATA_DIR)",
+    )
+    batch.add_argument(
+        "--batch-store",
+        default="",
+        metavar="URL",
+        help="a postgresql:// URL to share the batch store between servers (default: SQLite in --data-dir)",
+    )
+    batch.add_argument(
+        "--max-file-lines", type=int, default=DEFAULT_MAX_FILE_LINES, help="most requests in one batch input file"
+    )
+    batch.add_argument(
+        "--max-file-bytes",
+        type=int,
+        default=DEFAULT_MAX_FILE_BYTES,
+        help="largest upload accepted (a bigger one gets 413)",
+    )
+    batch.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=DEFAULT_MAX_LINE_BYTES,
+        help="longest batch line that runs (a longer one fails alone, in the error file)",
+    )
+    batch.add_argument(
+        "--batch-max-inflight",
+        type=int,
+        default=None,
+        help="batch lines in flight at once per DP rank, across all batches (default: twice the "
+        "requests the scheduler runs at once, from its KV pool and running limit)",
+    )
+    batch.add_argument(
+        "--batch-workers",
+        type=_urls,
+        default=(),
+        metavar="URL,...",
+        help="other sgl-blend/SGLang servers (base URLs, same model and --api-key) that this server's "
+        "batch runner also sends lines to, spread by BlendServe's DP partition",
+    )
+    batch.add_argument(
+        "--worker-grace",
+        type=float,
+        default=DEFAULT_WORKER_GRACE_S,
+        metavar="SECONDS",
+        help="how long a batch worker may stay unreachable before its unfinished lines move to the others",
+    )
+    batch.add_argument(
+        "--batch-api-keys",
+        type=_keys,
+        default=(),
+        metavar="KEY,...",
+        help="keys the Batch API takes beside SGLang's --api-key; files and batches belong to the key "
+        "that created them and another key gets 404 for them; --admin-api-key sees all",
+    )
+    batch.add_argument(
+        "--batch-api-keys-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="more Batch API keys, one per line (blank lines and # comments ignored), kept out of the process list",
+    )
+    batch.add_argument(
+        "--batch-cors-origins",
+        type=_origins,
+        default=(),
+        metavar="ORIGIN,...",
+        help="web origins (https://app.example.com, or *) whose pages may call the Batch API from a "
+        "browser; every other browser request to it is refused with 403 (default: none)",
+    )
+    batch.add_argument(
+        "--batch-max-n",
+        type=_positive,
+        default=DEFAULT_MAX_N,
+        metavar="N",
+        help="most choices one batch line may ask for (n, best_of); a line over it fails alone",
+    )
+    batch.add_argument(
+        "--batch-max-tokens",
+        type=_positive,
+        default=DEFAULT_MAX_TOKENS,
+        metavar="N",
+        help="longest generation one batch line may ask for (max_tokens, max_completion_tokens); "
+        "a line over it fails alone",
+    )
     batch.add_argument("--no-batch-api", action="store_true", help="serve without the Files and Batches routes")
     add_colocation_arguments(parser)
     parser.set_defaults(accepts_extra_args=True)
@@ -124,12 +194,20 @@ def batch_api_config(args: argparse.Namespace):
     if args.no_batch_api:
         return None
     keys = args.batch_api_keys + (keys_from_file(args.batch_api_keys_file) if args.batch_api_keys_file else ())
-    return BatchApiConfig(data_dir=args.data_dir or default_data_dir(), store_url=args.batch_store,
-                          max_file_lines=args.max_file_lines, max_file_bytes=args.max_file_bytes,
-                          max_line_bytes=args.max_line_bytes,
-                          max_inflight=args.batch_max_inflight, workers=args.batch_workers,
-                          worker_grace_s=args.worker_grace, api_keys=keys, cors_origins=args.batch_cors_origins,
-                          max_n=args.batch_max_n, max_tokens=args.batch_max_tokens)
+    return BatchApiConfig(
+        data_dir=args.data_dir or default_data_dir(),
+        store_url=args.batch_store,
+        max_file_lines=args.max_file_lines,
+        max_file_bytes=args.max_file_bytes,
+        max_line_bytes=args.max_line_bytes,
+        max_inflight=args.batch_max_inflight,
+        workers=args.batch_workers,
+        worker_grace_s=args.worker_grace,
+        api_keys=keys,
+        cors_origins=args.batch_cors_origins,
+        max_n=args.batch_max_n,
+        max_tokens=args.batch_max_tokens,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,8 +235,9 @@ def run(args: argparse.Namespace) -> int:
         from sgl_blend.emulation.launch import emulated_launch
 
         try:
-            launch = emulated_launch(args.emulate, args.model, sglang_args, cache_dir=args.cache_dir,
-                                     realtime_factor=args.emulate_realtime)
+            launch = emulated_launch(
+                args.emulate, args.model, sglang_args, cache_dir=args.cache_dir, realtime_factor=args.emulate_realtime
+            )
         except (ValueError, FileNotFoundError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -166,9 +245,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"sgl-blend: {launch.describe()}", flush=True)
     sglang_args = with_defaults(sglang_args, settings.sglang_flags())
     try:
-        server = start_server(model, sglang_args, cache_dir=args.cache_dir, log_path=args.log_file,
-                              ready_timeout_s=args.ready_timeout, settings=settings, batch_api=batch_api,
-                              outlive=args.detach)
+        server = start_server(
+            model,
+            sglang_args,
+            cache_dir=args.cache_dir,
+            log_path=args.log_file,
+            ready_timeout_s=args.ready_timeout,
+            settings=settings,
+            batch_api=batch_api,
+            outlive=args.detach,
+        )
     except (ServerStartError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

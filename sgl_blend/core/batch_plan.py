@@ -49,9 +49,16 @@ class BatchPlan(Generic[K]):
         return any(placement.side == MEMORY for placement in self.placements.values())
 
 
-def plan_batch(items: Sequence[WorkItem[K]], cost_model: CostModel, *, blend: bool, one_cursor: bool = False,
-               sample_rate: float = DEFAULT_SAMPLE_RATE, observed: Mapping[K, tuple[WorkItem, int]] | None = None,
-               seed: int = 0) -> BatchPlan[K]:
+def plan_batch(
+    items: Sequence[WorkItem[K]],
+    cost_model: CostModel,
+    *,
+    blend: bool,
+    one_cursor: bool = False,
+    sample_rate: float = DEFAULT_SAMPLE_RATE,
+    observed: Mapping[K, tuple[WorkItem, int]] | None = None,
+    seed: int = 0,
+) -> BatchPlan[K]:
     """Plan ``items``. ``observed``: samples that already ran (key -> (item, output length)),
     whose lengths refine the estimates; when given, nothing is sampled again. ``one_cursor`` keeps
     the order and puts every line on the compute side: one cursor walks it from its compute-heavy
@@ -91,16 +98,18 @@ def plan_batch(items: Sequence[WorkItem[K]], cost_model: CostModel, *, blend: bo
     for rank, index in enumerate(order):
         # the compute side is scanned from its start, the memory side from its end
         side, after = (COMPUTE, boundary - 1 - rank) if rank < boundary else (MEMORY, rank - boundary)
-        placements[keys[index]] = _placement(tree, estimator, price, index, reuse.get(index, 0), side,
-                                             len(samples) + rank, after)
+        placements[keys[index]] = _placement(
+            tree, estimator, price, index, reuse.get(index, 0), side, len(samples) + rank, after
+        )
     left, right = order[:boundary], order[boundary:]
     share = _memory_share(tree, price, reuse, left, right)
     feed = [keys[index] for index in samples + _interleave(tree, cost_model, estimator, left, right[::-1], share)]
     return BatchPlan(feed, placements, [keys[index] for index in samples], share, plan)
 
 
-def _insert(tree: PrefixTree, cost_model: CostModel, index: int, item: WorkItem, output: int,
-            update: bool = False) -> None:
+def _insert(
+    tree: PrefixTree, cost_model: CostModel, index: int, item: WorkItem, output: int, update: bool = False
+) -> None:
     prompt = len(item.prompt_ids)
     comp, mem = cost_model.comp_time(prompt, output), cost_model.mem_time(prompt, output)
     if update:
@@ -109,16 +118,26 @@ def _insert(tree: PrefixTree, cost_model: CostModel, index: int, item: WorkItem,
         tree.insert(index, item.prompt_ids, comp, mem)
 
 
-def _placement(tree: PrefixTree, estimator: OutputLengthEstimator, price: SharingPrice, index: int, reuse: int,
-               side: str, position: int, after: int | None) -> Placement:
+def _placement(
+    tree: PrefixTree,
+    estimator: OutputLengthEstimator,
+    price: SharingPrice,
+    index: int,
+    reuse: int,
+    side: str,
+    position: int,
+    after: int | None,
+) -> Placement:
     """The request's place; its density counts the prefix it reuses from the request before it."""
     comp, mem = tree.cost(index)
-    return Placement(side, position, shared_density(comp, mem, price.prefix_saving(reuse)), estimator.estimate(index),
-                     after)
+    return Placement(
+        side, position, shared_density(comp, mem, price.prefix_saving(reuse)), estimator.estimate(index), after
+    )
 
 
-def _memory_share(tree: PrefixTree, price: SharingPrice, reuse: Mapping[int, int], left: list[int],
-                  right: list[int]) -> float:
+def _memory_share(
+    tree: PrefixTree, price: SharingPrice, reuse: Mapping[int, int], left: list[int], right: list[int]
+) -> float:
     """``M_R / M`` (Alg. 3, step 1) for the two sides (each in plan order), with each side's
     compute less what its requests save by reusing their neighbour's prefix within the side: a
     side is scanned as one DFS run, so its first request shares nothing with the other side."""
@@ -134,24 +153,41 @@ def _memory_share(tree: PrefixTree, price: SharingPrice, reuse: Mapping[int, int
     if mem_left <= 0 or mem_right <= 0:
         return 0.0 if mem_right <= 0 else 1.0
     rho_root = shared_density(comp_left + comp_right, mem_left + mem_right, saved_left + saved_right)
-    _share_left, share_right = memory_partition(1.0, rho_root, shared_density(comp_left, mem_left, saved_left),
-                                                shared_density(comp_right, mem_right, saved_right))
+    _share_left, share_right = memory_partition(
+        1.0,
+        rho_root,
+        shared_density(comp_left, mem_left, saved_left),
+        shared_density(comp_right, mem_right, saved_right),
+    )
     return share_right
 
 
-def _interleave(tree: PrefixTree, cost_model: CostModel, estimator: OutputLengthEstimator,
-                left: list[int], right: list[int], memory_share: float) -> list[int]:
+def _interleave(
+    tree: PrefixTree,
+    cost_model: CostModel,
+    estimator: OutputLengthEstimator,
+    left: list[int],
+    right: list[int],
+    memory_share: float,
+) -> list[int]:
     """Both sides merged by when the dual scan would admit each request: a side with share ``M``
     admits ``M / (footprint x lifetime)`` of its mean request per iteration (Alg. 3, step 2)."""
     if not left or not right:
         return left or right
 
     def gap(side: list[int], share: float) -> float:
-        occupancy = sum(cost_model.kv_footprint(tree.prompt_len[index], estimator.estimate(index))
-                        * max(estimator.estimate(index), 1) for index in side) / len(side)
+        occupancy = sum(
+            cost_model.kv_footprint(tree.prompt_len[index], estimator.estimate(index))
+            * max(estimator.estimate(index), 1)
+            for index in side
+        ) / len(side)
         return occupancy / share if share > 0 else NEVER
 
     gaps = (gap(left, 1.0 - memory_share), gap(right, memory_share))
-    return [index for _time, _side, _rank, index in heapq.merge(
-        ((rank * gaps[0], 0, rank, index) for rank, index in enumerate(left)),
-        ((rank * gaps[1], 1, rank, index) for rank, index in enumerate(right)))]
+    return [
+        index
+        for _time, _side, _rank, index in heapq.merge(
+            ((rank * gaps[0], 0, rank, index) for rank, index in enumerate(left)),
+            ((rank * gaps[1], 1, rank, index) for rank, index in enumerate(right)),
+        )
+    ]

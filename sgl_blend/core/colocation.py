@@ -43,8 +43,9 @@ import copy
 import json
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from sgl_blend.core import echo_plan
 from sgl_blend.core.echo_plan import EchoChoices, OfflineCandidate
@@ -260,16 +261,23 @@ class ColocationController:
         if config.mode == "echo":
             ttft_s, tpot_s = config.ttft_slo_s, config.tpot_slo_s
             assert ttft_s is not None and tpot_s is not None, "ColocationConfig requires both in echo mode"
-            slack = deadline_budget(view.now, view.running, view.waiting_online, ttft_s, tpot_s,
-                                    config.idle_budget_s)
+            slack = deadline_budget(view.now, view.running, view.waiting_online, ttft_s, tpot_s, config.idle_budget_s)
             if not (decoding or view.waiting_online):
                 return slack
             assert slack is not None, "an online request present always has a slack"
             return echo_budget(slack, online_s, tpot_s)
         headroom_s = config.headroom_s
         assert headroom_s is not None, "only echo or a headroom comes this far"
-        return hygen_budget(view.now, online_s, decoding, view.waiting_online, headroom_s,
-                            config.tpot_slo_s, config.ttft_slo_s, config.idle_budget_s)
+        return hygen_budget(
+            view.now,
+            online_s,
+            decoding,
+            view.waiting_online,
+            headroom_s,
+            config.tpot_slo_s,
+            config.ttft_slo_s,
+            config.idle_budget_s,
+        )
 
     def offline_memory(self, view: IterationView) -> tuple[int, int, int]:
         """The KV offline work may still take this iteration, the online reserve behind it, and
@@ -333,9 +341,15 @@ class ColocationController:
         plan.park = [adjustment.rid for adjustment in decodes if adjustment.kind == echo_plan.PARK_DECODE]
         plan.echo = echo_plan.EchoChoices(preempted + decodes, predicted_s=budget.predicted_s())
 
-    def choose_offline(self, plan: IterationPlan, candidates: Sequence[OfflineCandidate], *,
-                       continuing: tuple[int, int, int] | None = None, truncate: bool = True,
-                       window: int = echo_plan.CANDIDATE_WINDOW) -> dict[str, int]:
+    def choose_offline(
+        self,
+        plan: IterationPlan,
+        candidates: Sequence[OfflineCandidate],
+        *,
+        continuing: tuple[int, int, int] | None = None,
+        truncate: bool = True,
+        window: int = echo_plan.CANDIDATE_WINDOW,
+    ) -> dict[str, int]:
         """Echo's prefill selection for ``plan`` (made by `begin` in echo mode): which waiting
         offline requests to admit, in which order, with which chunk (rid to chunk). It is chosen on
         a copy of the plan's budget, so the engine still charges the real one as it admits;

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -119,8 +120,13 @@ class HardwareSpec:
         """A TP group of ``tp`` devices: compute, bandwidth and KV memory all scale with it."""
         if tp == 1:
             return self
-        return replace(self, name=f"{self.name}x{tp}", flops=self.flops * tp, bandwidth=self.bandwidth * tp,
-                       kv_memory_bytes=self.kv_memory_bytes * tp)
+        return replace(
+            self,
+            name=f"{self.name}x{tp}",
+            flops=self.flops * tp,
+            bandwidth=self.bandwidth * tp,
+            kv_memory_bytes=self.kv_memory_bytes * tp,
+        )
 
     def to_json(self, path: Path, extra: Mapping[str, Any] | None = None) -> None:
         path.write_text(json.dumps({**asdict(self), **(extra or {})}, indent=2) + "\n")
@@ -128,8 +134,13 @@ class HardwareSpec:
     @classmethod
     def from_json(cls, path: str | Path) -> HardwareSpec:
         data = json.loads(Path(path).read_text())
-        return cls(data["name"], float(data["flops"]), float(data["bandwidth"]), float(data["kv_memory_bytes"]),
-                   float(data.get("corun_interference", TWO_STREAM_INTERFERENCE)))
+        return cls(
+            data["name"],
+            float(data["flops"]),
+            float(data["bandwidth"]),
+            float(data["kv_memory_bytes"]),
+            float(data.get("corun_interference", TWO_STREAM_INTERFERENCE)),
+        )
 
     @classmethod
     def resolve(cls, name_or_path: str) -> HardwareSpec:

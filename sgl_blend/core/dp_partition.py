@@ -10,9 +10,9 @@ now compute once each.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Callable, Sequence
 
 
 @dataclass
@@ -49,6 +49,8 @@ def partition_order(
         cuts.append(min(max(index, cuts[-1]), len(order)))
     cuts.append(len(order))
     parts = [list(order[start:end]) for start, end in zip(cuts, cuts[1:])]
-    lost = [shared_prefix(order[cut - 1], order[cut]) if 0 < cut < len(order) and cut != previous else 0
-            for previous, cut in zip(cuts, cuts[1:-1])]
+    lost = [
+        shared_prefix(order[cut - 1], order[cut]) if 0 < cut < len(order) and cut != previous else 0
+        for previous, cut in zip(cuts, cuts[1:-1])
+    ]
     return Partition(parts, [prefix[end] - prefix[start] for start, end in zip(cuts, cuts[1:])], lost)

@@ -64,8 +64,14 @@ class DPShares(Generic[K]):
         return sum(self.lost_tokens_per_cut) / self.shared_tokens if self.shared_tokens else 0.0
 
 
-def plan_shares(items: Iterable[WorkItem[K]], k: int, cost_model: CostModel, *,
-                split_threshold: float = DEFAULT_SPLIT_THRESHOLD, contiguous: bool = False) -> DPShares[K]:
+def plan_shares(
+    items: Iterable[WorkItem[K]],
+    k: int,
+    cost_model: CostModel,
+    *,
+    split_threshold: float = DEFAULT_SPLIT_THRESHOLD,
+    contiguous: bool = False,
+) -> DPShares[K]:
     """Assign every item to one of ``k`` shares (see the module docstring)."""
     if k < 1:
         raise ValueError("k must be at least 1")
@@ -92,12 +98,18 @@ def plan_shares(items: Iterable[WorkItem[K]], k: int, cost_model: CostModel, *,
     if contiguous:
         sides = [partition_order(plan.order, k, work, shared_prefix)]
     else:
-        left, right = plan.order[:plan.boundary], plan.order[plan.boundary:]
-        sides = [partition_order(left, k, work, shared_prefix),
-                 _reversed(partition_order(right[::-1], k, work, shared_prefix))]
+        left, right = plan.order[: plan.boundary], plan.order[plan.boundary :]
+        sides = [
+            partition_order(left, k, work, shared_prefix),
+            _reversed(partition_order(right[::-1], k, work, shared_prefix)),
+        ]
     shares = [[keys[index] for side in sides for index in side.parts[rank]] for rank in range(k)]
-    return DPShares(shares, [sum(side.work[rank] for side in sides) for rank in range(k)],
-                    [sum(side.lost_tokens_per_cut[cut] for side in sides) for cut in range(k - 1)], tree.root.saved)
+    return DPShares(
+        shares,
+        [sum(side.work[rank] for side in sides) for rank in range(k)],
+        [sum(side.lost_tokens_per_cut[cut] for side in sides) for cut in range(k - 1)],
+        tree.root.saved,
+    )
 
 
 def _reversed(partition: Partition) -> Partition:

@@ -35,8 +35,8 @@ compute side is moved to the memory side's account.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from sgl_blend.core.cost_model import memory_partition
 from sgl_blend.core.scan_load import Load, LoadTotals, commitment_bound, peak_commitment
@@ -132,7 +132,9 @@ class _Draft:
 
     def take(self, side: str, load: Load) -> None:
         """Choose the side's head, whose load is ``load``."""
-        self.chosen.append((self.heads.pop(side), side))
+        head = self.heads.pop(side)
+        assert head is not None, "a side is taken from only when its head was peeked"
+        self.chosen.append((head, side))
         self.used[side] += load.commit
         self.free -= load.commit
         if side == MEMORY:
@@ -157,8 +159,16 @@ class DualScanner:
     policies use the scanner.
     """
 
-    def __init__(self, order: list[int], boundary: int, capacity: float, load: Callable[[int], Load],
-                 *, paced: bool = False, beyond: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        order: list[int],
+        boundary: int,
+        capacity: float,
+        load: Callable[[int], Load],
+        *,
+        paced: bool = False,
+        beyond: dict[str, int] | None = None,
+    ) -> None:
         self.order = order
         self.boundary = boundary
         self.capacity = capacity
@@ -226,8 +236,11 @@ class DualScanner:
         still to come (`beyond`), at the pending ones' mean -- plus running."""
         pending, running = self._remaining[side], self._left_running[side]
         scale = 1.0 + self.beyond.get(side, 0) / pending.count if pending.count > 0 else 1.0
-        return (pending.comp * scale + running[0], pending.mem * scale + running[1],
-                pending.kv_steps * scale + running[2])
+        return (
+            pending.comp * scale + running[0],
+            pending.mem * scale + running[1],
+            pending.kv_steps * scale + running[2],
+        )
 
     def _changed(self) -> None:
         self._version += 1
@@ -261,8 +274,10 @@ class DualScanner:
         through it and leaving the tail to run alone. A side with no work left cedes its share."""
         total = self.capacity * (PLANNED_UTILISATION if self.paced else 1.0)
         work = {side: tuple(max(amount, 0.0) for amount in self._work(side)) for side in SIDES}
-        active = {side: self._has_pending(side) or self.beyond.get(side, 0) > 0 or (self.paced and self._running_on(side))
-                  for side in SIDES}
+        active = {
+            side: self._has_pending(side) or self.beyond.get(side, 0) > 0 or (self.paced and self._running_on(side))
+            for side in SIDES
+        }
         for side, other in ((COMPUTE, MEMORY), (MEMORY, COMPUTE)):
             if not active[other] or min(work[other][1:]) <= 0:
                 return {side: total, other: 0.0}
@@ -292,8 +307,11 @@ class DualScanner:
         or after a side ran dry) also gets the prefill that refills the gap within
         `REFILL_LIFETIMES` of a mean request's life, so the fill (`_fill`) can take it up."""
         budgets, rates, _earnings = self._partition()
-        budget = sum(rates[side] * self._remaining[side].prefill / self._remaining[side].count
-                     for side in SIDES if self._remaining[side].count)
+        budget = sum(
+            rates[side] * self._remaining[side].prefill / self._remaining[side].count
+            for side in SIDES
+            if self._remaining[side].count
+        )
         shares = sum(budgets.values())
         if budget and shares > 0:
             gap = max(self.capacity - sum(self.used.values()), 0.0)
@@ -435,8 +453,9 @@ class DualScanner:
         if self.paced and side == MEMORY:
             room = self.capacity - max(budgets[COMPUTE], draft.used[COMPUTE])
             load = self._load_of(request)
-            return ((not self._running_on(MEMORY) and not draft.memory_loads)
-                    or self._memory_grows_within(draft, load, room))
+            return (not self._running_on(MEMORY) and not draft.memory_loads) or self._memory_grows_within(
+                draft, load, room
+            )
         if self.paced:
             return True
         used = draft.used[side]
@@ -448,8 +467,13 @@ class DualScanner:
     def propose(self, free: float, limit: int) -> list[tuple[int, str]]:
         """Requests to admit now and the side each counts against: first the blend (`_blend`),
         then, while ``free`` and ``limit`` last, the fill (`_fill`)."""
-        draft = _Draft(free, dict(self.used), dict(self.credit), dict(self._next_spend),
-                       {side: self._candidates(side) for side in SIDES})
+        draft = _Draft(
+            free,
+            dict(self.used),
+            dict(self.credit),
+            dict(self._next_spend),
+            {side: self._candidates(side) for side in SIDES},
+        )
         budgets = self.budgets()
         self._blend(draft, limit, budgets)
         self._fill(draft, limit, budgets)
@@ -463,8 +487,7 @@ class DualScanner:
         while len(draft.chosen) < limit and len(blocked) < 2:
             side = max((side for side in SIDES if side not in blocked), key=lambda s: budgets[s] - draft.used[s])
             request = draft.head(side)
-            if request is None or (self.paced and (
-                    draft.credit[side] <= 0 or draft.next_spend[side] > self.clock + 1)):
+            if request is None or (self.paced and (draft.credit[side] <= 0 or draft.next_spend[side] > self.clock + 1)):
                 blocked.add(side)
                 continue
             if self._commit(request) > draft.free or not self._fits(side, request, draft, budgets):
@@ -487,8 +510,11 @@ class DualScanner:
         while len(draft.chosen) < limit and len(blocked) < 2:
             side = max((side for side in SIDES if side not in blocked), key=lambda s: budgets[s] - draft.used[s])
             request = draft.head(side)
-            if request is None or self._commit(request) > draft.free or (
-                    self.paced and side == MEMORY and not self._fits(side, request, draft, budgets)):
+            if (
+                request is None
+                or self._commit(request) > draft.free
+                or (self.paced and side == MEMORY and not self._fits(side, request, draft, budgets))
+            ):
                 blocked.add(side)
                 continue
             draft.take(side, self._load_of(request))
@@ -553,8 +579,9 @@ class DualScanner:
         again when it returns. Without the refund each preemption charged its side twice, and a
         side preempted every few dozen iterations sank into debt and admitted only when the
         engine was idle."""
-        self.credit[side] = min(self.credit[side] + self._price(side, request),
-                                max(self.credit[side], self._bank_limit(side)))
+        self.credit[side] = min(
+            self.credit[side] + self._price(side, request), max(self.credit[side], self._bank_limit(side))
+        )
 
     def withdraw(self, request: int) -> None:
         self._changed()

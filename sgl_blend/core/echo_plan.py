@@ -52,8 +52,9 @@ order, which already ranks the pool (prefix-sharing DFS keeps sharers adjacent).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from sgl_blend.core.iteration_budget import IterationBudget, RunningRequest
 from sgl_blend.core.latency_model import Predictor
@@ -130,10 +131,15 @@ class EchoChoices:
         benefit = sum(adjustment.benefit for adjustment in self.adjustments)
         punishment = sum(adjustment.punishment for adjustment in self.adjustments)
         rate = (benefit - punishment) / self.predicted_s if self.predicted_s else None
-        return {"adjustments": dict(self.counts()), "candidates": self.candidates, "benefit": benefit,
-                "punishment": punishment, "truncated": sum(1 for a in self.adjustments if a.truncated),
-                "predicted_s": round(self.predicted_s, 6) if self.predicted_s is not None else None,
-                "benefit_per_s": round(rate, 1) if rate is not None else None}
+        return {
+            "adjustments": dict(self.counts()),
+            "candidates": self.candidates,
+            "benefit": benefit,
+            "punishment": punishment,
+            "truncated": sum(1 for a in self.adjustments if a.truncated),
+            "predicted_s": round(self.predicted_s, 6) if self.predicted_s is not None else None,
+            "benefit_per_s": round(rate, 1) if rate is not None else None,
+        }
 
 
 def preemption_punishment(request: RunningRequest) -> int:
@@ -186,8 +192,14 @@ def keep_decodes(budget: IterationBudget, offline: Sequence[RunningRequest]) -> 
     return adjustments
 
 
-def add_prefills(budget: IterationBudget, model: Predictor | None, candidates: Sequence[OfflineCandidate], *,
-                 truncate: bool, window: int = CANDIDATE_WINDOW) -> list[Adjustment]:
+def add_prefills(
+    budget: IterationBudget,
+    model: Predictor | None,
+    candidates: Sequence[OfflineCandidate],
+    *,
+    truncate: bool,
+    window: int = CANDIDATE_WINDOW,
+) -> list[Adjustment]:
     """Admit candidates into ``budget`` (which is charged), best marginal ``benefit / Δtime``
     first, while a whole remaining prompt fits; then, if ``truncate``, one chunk of the best-ranked
     candidate that still gets one. ``model`` prices the ratio (it may be the budget's own, or the
@@ -202,12 +214,19 @@ def add_prefills(budget: IterationBudget, model: Predictor | None, candidates: S
         ranked = []
         for position, candidate in enumerate(pending):
             seconds = _marginal_s(model, budget, base, candidate.extend, candidate.prefix)
-            ratio = candidate.benefit(candidate.extend) / (max(seconds, MIN_MARGINAL_S) if seconds is not None
-                                                           else max(candidate.extend, 1))
+            ratio = candidate.benefit(candidate.extend) / (
+                max(seconds, MIN_MARGINAL_S) if seconds is not None else max(candidate.extend, 1)
+            )
             ranked.append((-ratio, -candidate.reusers, position, candidate, seconds))
         ranked.sort(key=lambda entry: entry[:3])
-        fitting = next((entry for entry in ranked
-                        if budget.fits_prefill(entry[3].extend, entry[3].prefix, entry[3].max_new_tokens)), None)
+        fitting = next(
+            (
+                entry
+                for entry in ranked
+                if budget.fits_prefill(entry[3].extend, entry[3].prefix, entry[3].max_new_tokens)
+            ),
+            None,
+        )
         if fitting is None:
             break
         candidate, seconds = fitting[3], fitting[4]
@@ -222,8 +241,9 @@ def add_prefills(budget: IterationBudget, model: Predictor | None, candidates: S
             if chunk > 0:
                 base = model.predict(budget.batch) if model is not None else 0.0
                 seconds = _marginal_s(model, budget, base, chunk, candidate.prefix)
-                budget.commit_offline_prefill(chunk, candidate.prefix, chunk == candidate.extend,
-                                              candidate.max_new_tokens)
+                budget.commit_offline_prefill(
+                    chunk, candidate.prefix, chunk == candidate.extend, candidate.max_new_tokens
+                )
                 chosen.append(_admission(candidate, chunk, seconds))
                 break
     return chosen
@@ -238,11 +258,18 @@ def _minimal_chunk_fits(budget: IterationBudget, candidate: OfflineCandidate) ->
     return budget.model.predict(budget.batch.with_prefill(floor, candidate.prefix)) <= budget.limit_s
 
 
-def _marginal_s(model: Predictor | None, budget: IterationBudget, base: float, extend: int,
-                prefix: int) -> float | None:
+def _marginal_s(
+    model: Predictor | None, budget: IterationBudget, base: float, extend: int, prefix: int
+) -> float | None:
     return model.predict(budget.batch.with_prefill(extend, prefix)) - base if model is not None else None
 
 
 def _admission(candidate: OfflineCandidate, chunk: int, seconds: float | None) -> Adjustment:
-    return Adjustment(ADD_PREFILL if candidate.fresh else ADD_RESUME, candidate.rid, chunk,
-                      benefit=candidate.benefit(chunk), seconds=seconds, truncated=chunk < candidate.extend)
+    return Adjustment(
+        ADD_PREFILL if candidate.fresh else ADD_RESUME,
+        candidate.rid,
+        chunk,
+        benefit=candidate.benefit(chunk),
+        seconds=seconds,
+        truncated=chunk < candidate.extend,
+    )

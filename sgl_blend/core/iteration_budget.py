@@ -52,8 +52,14 @@ class IterationBudget:
     never creates a decode iteration the budget would have to skip again.
     """
 
-    def __init__(self, model: Predictor | None, latency_s: float | None, chunk_tokens: int | None,
-                 offline_memory: int | None, min_offline_chunk: int = DEFAULT_MIN_OFFLINE_CHUNK) -> None:
+    def __init__(
+        self,
+        model: Predictor | None,
+        latency_s: float | None,
+        chunk_tokens: int | None,
+        offline_memory: int | None,
+        min_offline_chunk: int = DEFAULT_MIN_OFFLINE_CHUNK,
+    ) -> None:
         self.model = model if latency_s is not None else None
         self.latency_s = latency_s
         # what a prediction is held to: read only while ``model`` is set, which takes a latency_s
@@ -115,12 +121,15 @@ class IterationBudget:
         """Whether a whole remaining prompt fits now: chunk room, offline memory for it and its
         decodes, and the time budget for this batch and for the decode iteration that follows."""
         if (self.chunk_left is not None and extend > self.chunk_left) or (
-                self.offline_memory is not None and extend + max_new_tokens > self.offline_memory):
+            self.offline_memory is not None and extend + max_new_tokens > self.offline_memory
+        ):
             return False
         if self.model is None:
             return True
-        return (self.model.predict(self.batch.with_prefill(extend, prefix)) <= self.limit_s
-                and self.model.predict(self.decodes.with_decode(prefix + extend)) <= self.limit_s)
+        return (
+            self.model.predict(self.batch.with_prefill(extend, prefix)) <= self.limit_s
+            and self.model.predict(self.decodes.with_decode(prefix + extend)) <= self.limit_s
+        )
 
     def offline_chunk(self, extend: int, prefix: int, max_new_tokens: int, *, must_progress: bool = False) -> int:
         """The prefill chunk an offline request may run now (0: none). ``must_progress`` is for a

@@ -15,8 +15,8 @@ whose node counts stay exact as requests come and go, and hands out handles to t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from sgl_blend.core.prefix_tree import Node, PrefixTree
 
@@ -84,8 +84,9 @@ class ReuserIndex:
     def is_current(self, handle: ReuserHandle) -> bool:
         node = handle.node
         parent = node.parent
-        return (parent is not None and node.start == handle.start
-                and parent.children.get(node.source[node.start]) is node)
+        return (
+            parent is not None and node.start == handle.start and parent.children.get(node.source[node.start]) is node
+        )
 
     def reusers(self, tokens: Sequence[int]) -> int:
         handle = self.locate(tokens)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -48,15 +49,28 @@ class BatchShape:
     def with_prefill(self, extend: int, prefix: int = 0) -> BatchShape:
         if extend <= 0:
             return self
-        return BatchShape(self.prefill_tokens + extend, self.prefill_reqs + 1,
-                          self.prefill_attention + extend * (prefix + extend), self.decode_reqs,
-                          self.decode_context, self.decode_max_context, (*self.prefill_chunks, (extend, prefix)))
+        return BatchShape(
+            self.prefill_tokens + extend,
+            self.prefill_reqs + 1,
+            self.prefill_attention + extend * (prefix + extend),
+            self.decode_reqs,
+            self.decode_context,
+            self.decode_max_context,
+            (*self.prefill_chunks, (extend, prefix)),
+        )
 
     def with_decode(self, context: int) -> BatchShape:
         # Direct construction: a scheduler grows one shape per request every iteration, and
         # `dataclasses.replace` costs several times as much.
-        return BatchShape(self.prefill_tokens, self.prefill_reqs, self.prefill_attention, self.decode_reqs + 1,
-                          self.decode_context + context, max(self.decode_max_context, context), self.prefill_chunks)
+        return BatchShape(
+            self.prefill_tokens,
+            self.prefill_reqs,
+            self.prefill_attention,
+            self.decode_reqs + 1,
+            self.decode_context + context,
+            max(self.decode_max_context, context),
+            self.prefill_chunks,
+        )
 
     @classmethod
     def of(cls, extends: Sequence[tuple[int, int]] = (), decode_contexts: Sequence[int] = ()) -> BatchShape:
@@ -64,9 +78,15 @@ class BatchShape:
         decodes one token for each context length of ``decode_contexts``, built at once: a
         scheduler builds one every iteration over thousands of requests."""
         chunks = tuple((extend, prefix) for extend, prefix in extends if extend > 0)
-        return cls(sum(extend for extend, _prefix in chunks), len(chunks),
-                   sum(extend * (prefix + extend) for extend, prefix in chunks), len(decode_contexts),
-                   sum(decode_contexts), max(decode_contexts, default=0), chunks)
+        return cls(
+            sum(extend for extend, _prefix in chunks),
+            len(chunks),
+            sum(extend * (prefix + extend) for extend, prefix in chunks),
+            len(decode_contexts),
+            sum(decode_contexts),
+            max(decode_contexts, default=0),
+            chunks,
+        )
 
     def is_empty(self) -> bool:
         return self.prefill_reqs == 0 and self.decode_reqs == 0
@@ -79,8 +99,10 @@ class BatchShape:
         return sum(extend * prefix + extend * (extend + 1) / 2 for extend, prefix in self.prefill_chunks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{name: getattr(self, name) for name in COUNT_FIELDS},
-                "prefill_chunks": [list(chunk) for chunk in self.prefill_chunks]}
+        return {
+            **{name: getattr(self, name) for name in COUNT_FIELDS},
+            "prefill_chunks": [list(chunk) for chunk in self.prefill_chunks],
+        }
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> BatchShape:
@@ -94,8 +116,14 @@ class BatchShape:
         return cls(**counts, prefill_chunks=tuple((int(extend), int(prefix)) for extend, prefix in chunks or ()))
 
 
-COUNT_FIELDS = ("prefill_tokens", "prefill_reqs", "prefill_attention", "decode_reqs", "decode_context",
-                "decode_max_context")
+COUNT_FIELDS = (
+    "prefill_tokens",
+    "prefill_reqs",
+    "prefill_attention",
+    "decode_reqs",
+    "decode_context",
+    "decode_max_context",
+)
 
 
 class Predictor(Protocol):
@@ -117,8 +145,14 @@ def _hygen_features(shape: BatchShape) -> list[float]:
 
 
 def _bros_features(shape: BatchShape) -> list[float]:
-    return [float(shape.prefill_reqs > 0), float(shape.prefill_tokens), float(shape.prefill_attention),
-            float(shape.decode_reqs > 0), float(shape.decode_reqs), float(shape.decode_context)]
+    return [
+        float(shape.prefill_reqs > 0),
+        float(shape.prefill_tokens),
+        float(shape.prefill_attention),
+        float(shape.decode_reqs > 0),
+        float(shape.decode_reqs),
+        float(shape.decode_context),
+    ]
 
 
 LINEAR_FEATURES: dict[str, tuple[tuple[str, ...], Callable[[BatchShape], list[float]]]] = {
@@ -211,8 +245,9 @@ class EchoLatencyModel:
         if not shape.prefill_reqs:
             return 0.0
         if shape.prefill_chunks:
-            total = sum(max(self.request_work(extend, extend + prefix), self.floor)
-                        for extend, prefix in shape.prefill_chunks)
+            total = sum(
+                max(self.request_work(extend, extend + prefix), self.floor) for extend, prefix in shape.prefill_chunks
+            )
         else:
             extend, span = _equal_share(shape)
             total = shape.prefill_reqs * max(self.request_work(extend, span), self.floor)
@@ -222,9 +257,13 @@ class EchoLatencyModel:
         if not shape.decode_reqs:
             return 0.0
         mean = shape.decode_context / shape.decode_reqs
-        return (self.decode_base + self.decode_per_request * shape.decode_reqs
-                + self.decode_per_token * shape.decode_context + self.gamma * shape.decode_max_context
-                + self.delta * mean)
+        return (
+            self.decode_base
+            + self.decode_per_request * shape.decode_reqs
+            + self.decode_per_token * shape.decode_context
+            + self.gamma * shape.decode_max_context
+            + self.delta * mean
+        )
 
     def mixed_prefill_time(self, shape: BatchShape) -> float:
         """``P`` of a mixed batch: its prefills plus ``decode_as_prefill`` of each decode costed as
@@ -244,14 +283,26 @@ class EchoLatencyModel:
         return self.mix * max(prefill, decode) + (1.0 - self.mix) * min(prefill, decode)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"form": "echo", "coefficients": {name: getattr(self, attribute)
-                                                  for name, attribute in ECHO_COEFFICIENTS.items()}}
+        return {
+            "form": "echo",
+            "coefficients": {name: getattr(self, attribute) for name, attribute in ECHO_COEFFICIENTS.items()},
+        }
 
 
-ECHO_COEFFICIENTS = {"alpha": "alpha", "beta": "beta", "c": "floor", "gamma": "gamma", "delta": "delta",
-                     "lambda": "mix", "alpha_chunk": "alpha_chunk", "prefill_base": "prefill_base",
-                     "decode_base": "decode_base", "decode_per_request": "decode_per_request",
-                     "decode_per_token": "decode_per_token", "decode_as_prefill": "decode_as_prefill"}
+ECHO_COEFFICIENTS = {
+    "alpha": "alpha",
+    "beta": "beta",
+    "c": "floor",
+    "gamma": "gamma",
+    "delta": "delta",
+    "lambda": "mix",
+    "alpha_chunk": "alpha_chunk",
+    "prefill_base": "prefill_base",
+    "decode_base": "decode_base",
+    "decode_per_request": "decode_per_request",
+    "decode_per_token": "decode_per_token",
+    "decode_as_prefill": "decode_as_prefill",
+}
 ECHO_PAPER_COEFFICIENTS = ("alpha", "beta", "c", "gamma", "delta", "lambda")
 
 
@@ -270,9 +321,14 @@ def model_from_dict(data: dict[str, Any]) -> LatencyModel:
     coefficients = data.get("coefficients") or {}
     try:
         if form == "echo":
-            return EchoLatencyModel(**{attribute: float(coefficients[name] if name in ECHO_PAPER_COEFFICIENTS
-                                                        else coefficients.get(name, 0.0))
-                                       for name, attribute in ECHO_COEFFICIENTS.items()})
+            return EchoLatencyModel(
+                **{
+                    attribute: float(
+                        coefficients[name] if name in ECHO_PAPER_COEFFICIENTS else coefficients.get(name, 0.0)
+                    )
+                    for name, attribute in ECHO_COEFFICIENTS.items()
+                }
+            )
         if form in LINEAR_FEATURES:
             return LinearLatencyModel(form, tuple(float(coefficients[name]) for name in LINEAR_FEATURES[form][0]))
     except KeyError as missing:
@@ -280,8 +336,9 @@ def model_from_dict(data: dict[str, Any]) -> LatencyModel:
     raise ValueError(f"unknown latency model form {form!r}; known: {', '.join(FORMS)}")
 
 
-def _least_squares(rows: list[list[float]], times: Sequence[float] | np.ndarray,
-                   nonnegative: bool = False) -> np.ndarray:
+def _least_squares(
+    rows: list[list[float]], times: Sequence[float] | np.ndarray, nonnegative: bool = False
+) -> np.ndarray:
     """Least squares on relative error (each row divided by its time), since batches span
     milliseconds to seconds and the score is a percentage error; columns are scaled because
     S_p² and a constant column differ by ~10⁷. ``nonnegative`` solves it exactly over every
@@ -326,9 +383,16 @@ def fit_echo(shapes: Sequence[BatchShape], times: Sequence[float]) -> EchoLatenc
     if len(prefill) < 3 or len(decode) < 2:
         raise ValueError("Echo's form needs at least 3 prefill-only and 2 decode-only batches")
     base, per_request, per_token, gamma, delta = _least_squares(
-        [_echo_decode_row(s) for s, _ in decode], [t for _, t in decode], nonnegative=True)
-    model = replace(_fit_prefill_requests(prefill), decode_base=float(base), decode_per_request=float(per_request),
-                    decode_per_token=float(per_token), gamma=float(gamma), delta=float(delta))
+        [_echo_decode_row(s) for s, _ in decode], [t for _, t in decode], nonnegative=True
+    )
+    model = replace(
+        _fit_prefill_requests(prefill),
+        decode_base=float(base),
+        decode_per_request=float(per_request),
+        decode_per_token=float(per_token),
+        gamma=float(gamma),
+        delta=float(delta),
+    )
     if not mixed:
         return model
     fits = [_fit_mix(replace(model, decode_as_prefill=float(share)), mixed) for share in MIXED_DECODE_SHARES]
@@ -348,8 +412,13 @@ def _fit_mix(model: EchoLatencyModel, mixed: list[tuple[BatchShape, float]]) -> 
 
 
 def _echo_decode_row(shape: BatchShape) -> list[float]:
-    return [1.0, float(shape.decode_reqs), float(shape.decode_context), float(shape.decode_max_context),
-            shape.decode_context / shape.decode_reqs]
+    return [
+        1.0,
+        float(shape.decode_reqs),
+        float(shape.decode_context),
+        float(shape.decode_max_context),
+        shape.decode_context / shape.decode_reqs,
+    ]
 
 
 FLOOR_STARTS = 6
@@ -365,8 +434,13 @@ def _prefill_requests(shape: BatchShape) -> list[tuple[float, float]]:
 
 def _prefill_row(requests: list[tuple[float, float]], floored: list[bool]) -> list[float]:
     rising = [request for request, low in zip(requests, floored) if not low]
-    return [sum(span * span for _, span in rising), sum(extend * span for extend, span in rising),
-            sum(extend for extend, _ in rising), float(len(requests) - len(rising)), 1.0]
+    return [
+        sum(span * span for _, span in rising),
+        sum(extend * span for extend, span in rising),
+        sum(extend for extend, _ in rising),
+        float(len(requests) - len(rising)),
+        1.0,
+    ]
 
 
 def _fit_prefill_requests(samples: list[tuple[BatchShape, float]]) -> EchoLatencyModel:
@@ -384,14 +458,24 @@ def _fit_prefill_requests(samples: list[tuple[BatchShape, float]]) -> EchoLatenc
     return min(fits, key=lambda model: _squared_relative_error(model.prefill_time, samples))
 
 
-def _refloor_until_stable(requests: list[list[tuple[float, float]]], times: np.ndarray,
-                          start: float) -> EchoLatencyModel:
+def _refloor_until_stable(
+    requests: list[list[tuple[float, float]]], times: np.ndarray, start: float
+) -> EchoLatencyModel:
     floored = [[extend <= start for extend, _ in batch] for batch in requests]
     for _ in range(FLOOR_ROUNDS):
         alpha, alpha_chunk, beta, floor, base = _least_squares(
-            [_prefill_row(batch, low) for batch, low in zip(requests, floored)], times, nonnegative=True)
-        model = EchoLatencyModel(float(alpha), float(beta), float(floor), 0.0, 0.0, 1.0,
-                                 alpha_chunk=float(alpha_chunk), prefill_base=float(base))
+            [_prefill_row(batch, low) for batch, low in zip(requests, floored)], times, nonnegative=True
+        )
+        model = EchoLatencyModel(
+            float(alpha),
+            float(beta),
+            float(floor),
+            0.0,
+            0.0,
+            1.0,
+            alpha_chunk=float(alpha_chunk),
+            prefill_base=float(base),
+        )
         refloored = [[model.request_work(extend, span) < model.floor for extend, span in batch] for batch in requests]
         if refloored == floored:
             break
@@ -459,16 +543,26 @@ class FitReport:
             "train_batches": self.train_batches,
             "holdout_batches": self.holdout_batches,
             "best": self.best_form() if self.holdout_mape else None,
-            "forms": {form: {**model.to_dict(), "train_mape": self.train_mape[form],
-                             "holdout_mape": self.holdout_mape[form],
-                             "holdout_mape_by_kind": self.holdout_mape_by_kind.get(form, {})}
-                      for form, model in self.models.items()},
+            "forms": {
+                form: {
+                    **model.to_dict(),
+                    "train_mape": self.train_mape[form],
+                    "holdout_mape": self.holdout_mape[form],
+                    "holdout_mape_by_kind": self.holdout_mape_by_kind.get(form, {}),
+                }
+                for form, model in self.models.items()
+            },
             "errors": self.errors,
         }
 
 
-def fit_forms(shapes: Sequence[BatchShape], times: Sequence[float], holdout_fraction: float = 0.25,
-              seed: int = 0, forms: Sequence[str] = FORMS) -> FitReport:
+def fit_forms(
+    shapes: Sequence[BatchShape],
+    times: Sequence[float],
+    holdout_fraction: float = 0.25,
+    seed: int = 0,
+    forms: Sequence[str] = FORMS,
+) -> FitReport:
     """Fit each form on a seeded random split; a form that cannot be fitted is reported, not fatal."""
     if len(shapes) != len(times) or len(shapes) < 8:
         raise ValueError(f"need at least 8 timed batches with shapes, got {len(shapes)} shapes, {len(times)} times")
@@ -503,8 +597,15 @@ def load_model(path: Path, form: str | None = None) -> LatencyModel:
     return model_from_dict(forms[chosen])
 
 
-def max_prefill(model: Predictor, budget_s: float, batch: BatchShape, extend: int, prefix: int,
-                chunk_tokens: int, memory_tokens: int) -> tuple[int, float]:
+def max_prefill(
+    model: Predictor,
+    budget_s: float,
+    batch: BatchShape,
+    extend: int,
+    prefix: int,
+    chunk_tokens: int,
+    memory_tokens: int,
+) -> tuple[int, float]:
     """HyGen's ``get_max_prefill(t, c, m, r)``: the longest chunk of ``extend`` remaining prompt
     tokens that keeps ``batch`` plus the chunk within ``budget_s``, ``chunk_tokens`` and
     ``memory_tokens``, and the predicted batch time with it. (0, time) when nothing fits.

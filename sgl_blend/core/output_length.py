@@ -19,8 +19,13 @@ DEFAULT_FALLBACK = 128
 
 
 class OutputLengthEstimator:
-    def __init__(self, tree: PrefixTree, sample_rate: float = DEFAULT_SAMPLE_RATE, seed: int = 0,
-                 fallback: int = DEFAULT_FALLBACK) -> None:
+    def __init__(
+        self,
+        tree: PrefixTree,
+        sample_rate: float = DEFAULT_SAMPLE_RATE,
+        seed: int = 0,
+        fallback: int = DEFAULT_FALLBACK,
+    ) -> None:
         self.tree = tree
         self.sample_rate = sample_rate
         self.fallback = fallback

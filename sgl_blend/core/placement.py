@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 SAMPLE = "sample"
 COMPUTE = "compute"
@@ -54,8 +54,14 @@ class Placement:
             head, density, output, *after = fields.split(":")
             if len(after) > 1:
                 return None
-            return cls(_SIDES[head[0]], int(head[1:]), float(density), int(output),
-                       int(after[0]) if after else None, prompt or None)
+            return cls(
+                _SIDES[head[0]],
+                int(head[1:]),
+                float(density),
+                int(output),
+                int(after[0]) if after else None,
+                prompt or None,
+            )
         except (KeyError, ValueError, IndexError):
             return None
 

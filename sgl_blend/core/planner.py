@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import bisect
 import gc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -74,8 +74,13 @@ class TreePlanner:
     sums level by level up the tree, so a sort -> split round over 400K requests stays a second
     or two and the loop can run to convergence."""
 
-    def __init__(self, tree: PrefixTree, price: SharingPrice, include: Callable[[int], bool] = lambda _request: True,
-                 split_threshold: float = DEFAULT_SPLIT_THRESHOLD) -> None:
+    def __init__(
+        self,
+        tree: PrefixTree,
+        price: SharingPrice,
+        include: Callable[[int], bool] = lambda _request: True,
+        split_threshold: float = DEFAULT_SPLIT_THRESHOLD,
+    ) -> None:
         self.tree = tree
         self.price = price
         self.include = include
@@ -144,16 +149,19 @@ class TreePlanner:
         prompt = np.array(depth, dtype=float)
         # count, comp, mem, prompt tokens and prompt pairs of each node's own requests (all of
         # them end at the node, so their prompts are its depth)
-        sums = np.array([own_count, own_comp, own_mem, own_count * prompt, own_count * prompt ** 2 / 2.0])
+        sums = np.array([own_count, own_comp, own_mem, own_count * prompt, own_count * prompt**2 / 2.0])
         self._parent, self._children, self._own, self._node_of = np.array(parent), children, own, node_of
         self._depth = depth
         self._entry = prompt[self._parent] * (np.arange(size) != ROOT)
         self._edge_tok = prompt - self._entry
-        self._edge_pairs = (prompt ** 2 - self._entry ** 2) / 2.0
+        self._edge_pairs = (prompt**2 - self._entry**2) / 2.0
         levels = np.array(level)
         by_level = np.argsort(levels, kind="stable")
-        self._levels = [group for group in np.split(by_level, np.flatnonzero(np.diff(levels[by_level])) + 1)
-                        if group.size and levels[group[0]] > 0]
+        self._levels = [
+            group
+            for group in np.split(by_level, np.flatnonzero(np.diff(levels[by_level])) + 1)
+            if group.size and levels[group[0]] > 0
+        ]
         self._own_sums = sums
         self._detached: list[int] = []
         self._is_detached = np.zeros(size, dtype=bool)
@@ -221,11 +229,18 @@ class TreePlanner:
             # a detached subtree re-enters from the root: the path above it is computed again
             units = np.array(self._detached)
             entry = self._entry[units]
-            for values, extra in ((count, 0.0), (comp, 0.0), (mem, 0.0), (ptok, 0.0), (ppairs, 0.0),
-                                  (utok, entry), (upairs, entry ** 2 / 2.0)):
+            for values, extra in (
+                (count, 0.0),
+                (comp, 0.0),
+                (mem, 0.0),
+                (ptok, 0.0),
+                (ppairs, 0.0),
+                (utok, entry),
+                (upairs, entry**2 / 2.0),
+            ):
                 values[ROOT] += float(np.sum(values[units] + extra))
             low[ROOT], high[ROOT] = min(low[ROOT], low[units].min()), max(high[ROOT], high[units].max())
-        saved = self.price.saving(ptok - utok - self._entry, ppairs - upairs - self._entry ** 2 / 2.0)
+        saved = self.price.saving(ptok - utok - self._entry, ppairs - upairs - self._entry**2 / 2.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             density = np.where(mem > 0, np.maximum(comp - saved, 0.0) / mem, np.inf)
         density[count == 0] = 0.0
@@ -242,7 +257,7 @@ class TreePlanner:
 
     def _kids(self, index: int) -> list[int]:
         """A node's planned children by density, lowest first (a stack pops the highest first)."""
-        return self._ranked[self._kid_start[index]:self._kid_end[index]]
+        return self._ranked[self._kid_start[index] : self._kid_end[index]]
 
     # -- the sorted order and the split ----------------------------------------------------------
 
@@ -328,8 +343,11 @@ class TreePlanner:
                 reuse[request] = shared
                 shared = depth[index]
             if in_unit:
-                children = [child for child in reversed(self._children[index])
-                            if self._count[child] and not self._is_detached[child]]
+                children = [
+                    child
+                    for child in reversed(self._children[index])
+                    if self._count[child] and not self._is_detached[child]
+                ]
             else:
                 children = self._kids(index)
             stack.extend((child, in_unit, depth[index]) for child in children)
@@ -337,8 +355,9 @@ class TreePlanner:
 
     def _boundary(self, order: list[int], cuts: list[int], root_density: float) -> int:
         """The allowed cut closest to where the leaf density first drops below the root's."""
-        crossing = next((index for index, request in enumerate(order) if self._leaf[request] < root_density),
-                        len(order))
+        crossing = next(
+            (index for index, request in enumerate(order) if self._leaf[request] < root_density), len(order)
+        )
         return min(cuts + [len(order)], key=lambda cut: abs(cut - crossing))
 
 

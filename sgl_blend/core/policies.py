@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Callable, Iterable
 
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.dual_scan import COMPUTE, DualScanner
-from sgl_blend.core.scan_load import Load
 from sgl_blend.core.output_length import DEFAULT_SAMPLE_RATE, OutputLengthEstimator
 from sgl_blend.core.placement import MEMORY, SAMPLE, Placement
 from sgl_blend.core.planner import DEFAULT_SPLIT_THRESHOLD, Plan, TreePlanner
 from sgl_blend.core.prefix_tree import Node, PrefixTree
 from sgl_blend.core.protocol import OfflineRequest
 from sgl_blend.core.request_state import RequestState, Status
+from sgl_blend.core.scan_load import Load
 
 REPLAN_FRACTION = 0.05
 # Requests that arrive placed (planned by the runner over the whole batch) come, on each side, after
@@ -61,9 +61,17 @@ class PlannedPolicy(ABC):
     # `_prefix_in_flight`).
     computes_prefixes_once = False
 
-    def __init__(self, cost_model: CostModel, *, seed: int = 0, replan_fraction: float = REPLAN_FRACTION,
-                 sample_rate: float | None = None, paced: bool | None = None, batches_in_flight: int = 1,
-                 one_cursor: bool = False) -> None:
+    def __init__(
+        self,
+        cost_model: CostModel,
+        *,
+        seed: int = 0,
+        replan_fraction: float = REPLAN_FRACTION,
+        sample_rate: float | None = None,
+        paced: bool | None = None,
+        batches_in_flight: int = 1,
+        one_cursor: bool = False,
+    ) -> None:
         self.cost_model = cost_model
         # ``one_cursor`` walks the whole order from its compute-heavy end, with no memory side:
         # BlendServe's order without its dual scan (the ablation that shows what blending adds).
@@ -116,16 +124,24 @@ class PlannedPolicy(ABC):
             index = self._next_index
             self._next_index += 1
             placement = request.placement
-            sampled = self.estimator.register(index, request.max_new_tokens, request.exact_output_len,
-                                              placement.output if placement is not None else None)
+            sampled = self.estimator.register(
+                index,
+                request.max_new_tokens,
+                request.exact_output_len,
+                placement.output if placement is not None else None,
+            )
             sampled = sampled or (placement is not None and placement.side == SAMPLE_SIDE)
             state = RequestState(index, request, sample=sampled, unplanned=not sampled)
             self._requests[index] = self._by_rid[request.rid] = state
             self._pending_count += 1
             output = self.estimator.estimate(index)
             prompt = len(request.prompt_ids)
-            self.tree.insert(index, request.prompt_ids, self.cost_model.comp_time(prompt, output),
-                             self.cost_model.mem_time(prompt, output))
+            self.tree.insert(
+                index,
+                request.prompt_ids,
+                self.cost_model.comp_time(prompt, output),
+                self.cost_model.mem_time(prompt, output),
+            )
             if sampled:
                 self._sample_queue[index] = state
             else:
@@ -139,8 +155,12 @@ class PlannedPolicy(ABC):
         every request would admit a fraction of what fits exactly when sharing is high; leaving
         out the reserve would promise more long ``ignore_eos`` requests than the engine admits."""
         request = self._requests[index].request
-        return self.cost_model.kv_commitment(self.tree.unshared_tokens(index), self.estimator.estimate(index),
-                                             request.max_new_tokens, request.exact_output_len)
+        return self.cost_model.kv_commitment(
+            self.tree.unshared_tokens(index),
+            self.estimator.estimate(index),
+            request.max_new_tokens,
+            request.exact_output_len,
+        )
 
     def load(self, index: int) -> Load:
         """A request's load for the scanner. Its prefill is the prompt less the prefix it reuses
@@ -149,10 +169,17 @@ class PlannedPolicy(ABC):
         prompt, unshared = self.tree.prompt_len[index], self.tree.unshared_tokens(index)
         reuse = prompt - unshared if state.reuse is None else state.reuse
         comp, mem = self.tree.cost(index)
-        return Load(comp=comp - self.sharing.prefix_saving(reuse), mem=mem, prefill=prompt - reuse,
-                    steps=self.estimator.estimate(index), commit=self.footprint(index), prompt=prompt,
-                    unshared_prompt=unshared, max_new_tokens=state.request.max_new_tokens,
-                    exact=state.request.exact_output_len)
+        return Load(
+            comp=comp - self.sharing.prefix_saving(reuse),
+            mem=mem,
+            prefill=prompt - reuse,
+            steps=self.estimator.estimate(index),
+            commit=self.footprint(index),
+            prompt=prompt,
+            unshared_prompt=unshared,
+            max_new_tokens=state.request.max_new_tokens,
+            exact=state.request.exact_output_len,
+        )
 
     def _needs_plan(self) -> bool:
         if self._estimates_stale and not self.estimator.pending_samples():
@@ -160,8 +187,11 @@ class PlannedPolicy(ABC):
         if not self._unplanned_count:
             return False
         planned_pending = self.scanner.pending() if self.scanner else 0
-        return (planned_pending == 0 or self._unplaced_count >= self.replan_fraction * planned_pending
-                or self._unplanned_count >= PLACED_REPLAN_FRACTION * planned_pending)
+        return (
+            planned_pending == 0
+            or self._unplaced_count >= self.replan_fraction * planned_pending
+            or self._unplanned_count >= PLACED_REPLAN_FRACTION * planned_pending
+        )
 
     def _pending(self) -> list[RequestState]:
         return [state for state in self._requests.values() if state.status is Status.PENDING]
@@ -172,24 +202,27 @@ class PlannedPolicy(ABC):
             for state in pending:
                 output = self.estimator.estimate(state.index)
                 prompt = self.tree.prompt_len[state.index]
-                self.tree.update_cost(state.index, self.cost_model.comp_time(prompt, output),
-                                      self.cost_model.mem_time(prompt, output))
+                self.tree.update_cost(
+                    state.index, self.cost_model.comp_time(prompt, output), self.cost_model.mem_time(prompt, output)
+                )
             self._estimates_stale = False
         planned = [state for state in pending if not state.sample]
         unplaced = {state.index for state in planned if state.placement is None}
         # Lines planned outside the engine arrive placed: with none unplaced there is nothing to order
         # (a tree-wide pass each time a wave of placed arrivals triggers a plan).
         order = self._order(unplaced.__contains__) if unplaced else Plan([], 0, 0.0, 0, 1.0)
-        plan = self._with_placed(order,
-                                 [(state.index, state.placement) for state in planned if state.placement is not None])
+        plan = self._with_placed(
+            order, [(state.index, state.placement) for state in planned if state.placement is not None]
+        )
         for state in self._requests.values():
             state.reuse = plan.reuse.get(state.index)
             state.unplanned = False
         beyond = self._beyond(plan)
         if self.one_cursor:
             plan, beyond = replace(plan, boundary=len(plan.order)), {COMPUTE: sum(beyond.values())}
-        scanner = DualScanner(plan.order, plan.boundary, self.capacity, self.load, paced=self.paces_prefill,
-                              beyond=beyond)
+        scanner = DualScanner(
+            plan.order, plan.boundary, self.capacity, self.load, paced=self.paces_prefill, beyond=beyond
+        )
         if self.scanner is not None:
             scanner.carry_over(self.scanner)
         self.scanner = scanner
@@ -204,11 +237,16 @@ class PlannedPolicy(ABC):
         are not beyond."""
         beyond = {}
         for side, front in ((COMPUTE, min), (MEMORY, max)):
-            here = [placement for index in plan.order if (placement := self._requests[index].placement) is not None
-                    and placement.after is not None and (placement.side == MEMORY) == (side == MEMORY)]
+            here = [
+                (placement.position, placement.after)
+                for index in plan.order
+                if (placement := self._requests[index].placement) is not None
+                and placement.after is not None
+                and (placement.side == MEMORY) == (side == MEMORY)
+            ]
             if here:
-                first = front(here, key=lambda placement: placement.position)
-                beyond[side] = max(first.after + 1 - len(here), 0)
+                _position, after = front(here, key=lambda entry: entry[0])
+                beyond[side] = max((after or 0) + 1 - len(here), 0)  # after is set: the list holds no other
         return beyond
 
     @staticmethod
@@ -221,8 +259,7 @@ class PlannedPolicy(ABC):
         compute = [index for index, placement in placed if placement.side != MEMORY]
         memory = [index for index, placement in placed if placement.side == MEMORY]
         order = compute + plan.order + memory
-        return Plan(order, len(compute) + plan.boundary, plan.root_density, plan.splits, plan.sharing_kept,
-                    plan.reuse)
+        return Plan(order, len(compute) + plan.boundary, plan.root_density, plan.splits, plan.sharing_kept, plan.reuse)
 
     def prefill_token_budget(self) -> int | None:
         """Prefill tokens the engine should put in the next iteration; None keeps its default."""
@@ -257,8 +294,11 @@ class PlannedPolicy(ABC):
         can run."""
         cached_from = self._iteration - self.batches_in_flight
         running = len(self._requests) > self._pending_count
-        in_flight = sum(node.edge_len for node in self._shared_path(index)
-                        if id(node) in tentative or (running and node.first_admitted > max(cached_from, -1)))
+        in_flight = sum(
+            node.edge_len
+            for node in self._shared_path(index)
+            if id(node) in tentative or (running and node.first_admitted > max(cached_from, -1))
+        )
         return in_flight >= IN_BATCH_PREFIX_TOKENS
 
     def _once_per_prefix(self, chosen: list[tuple[int, str]]) -> list[tuple[int, str]]:

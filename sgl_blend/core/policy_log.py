@@ -9,7 +9,8 @@ lists so the record can leave the scheduler process through ``/server_info``.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from sgl_blend.core.placement import Placement
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
@@ -40,8 +41,19 @@ class RecordedPolicy:
 
     def submit(self, requests: Iterable[OfflineRequest]) -> None:
         requests = list(requests)
-        self._log("submit", [[r.rid, list(r.prompt_ids), r.max_new_tokens, r.exact_output_len,
-                              r.placement.encode() if r.placement else None] for r in requests])
+        self._log(
+            "submit",
+            [
+                [
+                    r.rid,
+                    list(r.prompt_ids),
+                    r.max_new_tokens,
+                    r.exact_output_len,
+                    r.placement.encode() if r.placement else None,
+                ]
+                for r in requests
+            ],
+        )
         self.inner.submit(requests)
 
     def propose(self, free_kv_tokens: int, max_requests: int) -> list[OfflineRequest]:
@@ -89,8 +101,10 @@ def replay(events: Iterable[Event], policy: AdmissionPolicy) -> list[str]:
         if kind == "capacity":
             policy.set_kv_capacity(args[0])
         elif kind == "submit":
-            policy.submit(OfflineRequest(rid, tuple(ids), max_new, exact, Placement.decode(text) if text else None)
-                          for rid, ids, max_new, exact, text in args[0])
+            policy.submit(
+                OfflineRequest(rid, tuple(ids), max_new, exact, Placement.decode(text) if text else None)
+                for rid, ids, max_new, exact, text in args[0]
+            )
         elif kind == "propose":
             got = [request.rid for request in policy.propose(args[0], args[1])]
             if got != args[2]:

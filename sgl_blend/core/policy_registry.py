@@ -53,31 +53,90 @@ class PolicyEntry:
 
 
 ENTRIES = (
-    PolicyEntry("blendserve", "BlendServe: resource-aware prefix tree, dual-scan admission (DFS order with one "
-                "cursor where the device's overlap makes blending lose)", EVERYWHERE, planned=True, blends=True),
-    PolicyEntry("dfs", "the exact DFS order of the global prefix tree: most prefix sharing, no blending",
-                EVERYWHERE, planned=True),
+    PolicyEntry(
+        "blendserve",
+        "BlendServe: resource-aware prefix tree, dual-scan admission (DFS order with one "
+        "cursor where the device's overlap makes blending lose)",
+        EVERYWHERE,
+        planned=True,
+        blends=True,
+    ),
+    PolicyEntry(
+        "dfs",
+        "the exact DFS order of the global prefix tree: most prefix sharing, no blending",
+        EVERYWHERE,
+        planned=True,
+    ),
     PolicyEntry("fcfs", "arrival order, through the plugin's pool", EVERYWHERE),
     PolicyEntry("random", "a seeded random order, through the plugin's pool", EVERYWHERE),
-    PolicyEntry("psm", "HyGen's prefix-sharing maximisation with a fairness utility (--psm-utility)",
-                frozenset((SERVE, RUN_BATCH))),
-    PolicyEntry("lpm", "SGLang's own longest-prefix-match order; the plugin's pool stays out", EVERYWHERE,
-                in_plugin=False, sglang_schedule="lpm"),
-    PolicyEntry("sglang-fcfs", "SGLang's own first-come-first-served order; the plugin's pool stays out",
-                frozenset((SERVE, RUN_BATCH)), in_plugin=False, sglang_schedule="fcfs"),
-    PolicyEntry("sglang-dfs-weight", "SGLang's own DFS-weight order over its radix tree; the plugin's pool stays out",
-                frozenset((SERVE, RUN_BATCH)), in_plugin=False, sglang_schedule="dfs-weight"),
-    PolicyEntry("off", "the plugin leaves ordering to SGLang (its --schedule-policy)", frozenset((SERVE,)),
-                in_plugin=False, sglang_schedule=None),
-    PolicyEntry("dfs+pacing", "ablation: DFS order admitted at BlendServe's pace", frozenset((SIM,)),
-                planned=True, base="dfs", paced=True),
-    PolicyEntry("blendserve-order", "ablation: BlendServe's order and dual scan without its pacing", EVERYWHERE,
-                planned=True, blends=True, base="blendserve", paced=False),
-    PolicyEntry("blendserve-serial", "ablation: BlendServe's order walked by one cursor from its compute-heavy end, "
-                "without its dual scan and pacing (what blending itself adds)", EVERYWHERE,
-                planned=True, blends=True, base="blendserve", paced=False, one_cursor=True),
-    PolicyEntry("fcfs-shuffled", "ablation: arrival order over a seeded shuffle of the workload", frozenset((SIM,)),
-                base="fcfs", shuffled=True),
+    PolicyEntry(
+        "psm",
+        "HyGen's prefix-sharing maximisation with a fairness utility (--psm-utility)",
+        frozenset((SERVE, RUN_BATCH)),
+    ),
+    PolicyEntry(
+        "lpm",
+        "SGLang's own longest-prefix-match order; the plugin's pool stays out",
+        EVERYWHERE,
+        in_plugin=False,
+        sglang_schedule="lpm",
+    ),
+    PolicyEntry(
+        "sglang-fcfs",
+        "SGLang's own first-come-first-served order; the plugin's pool stays out",
+        frozenset((SERVE, RUN_BATCH)),
+        in_plugin=False,
+        sglang_schedule="fcfs",
+    ),
+    PolicyEntry(
+        "sglang-dfs-weight",
+        "SGLang's own DFS-weight order over its radix tree; the plugin's pool stays out",
+        frozenset((SERVE, RUN_BATCH)),
+        in_plugin=False,
+        sglang_schedule="dfs-weight",
+    ),
+    PolicyEntry(
+        "off",
+        "the plugin leaves ordering to SGLang (its --schedule-policy)",
+        frozenset((SERVE,)),
+        in_plugin=False,
+        sglang_schedule=None,
+    ),
+    PolicyEntry(
+        "dfs+pacing",
+        "ablation: DFS order admitted at BlendServe's pace",
+        frozenset((SIM,)),
+        planned=True,
+        base="dfs",
+        paced=True,
+    ),
+    PolicyEntry(
+        "blendserve-order",
+        "ablation: BlendServe's order and dual scan without its pacing",
+        EVERYWHERE,
+        planned=True,
+        blends=True,
+        base="blendserve",
+        paced=False,
+    ),
+    PolicyEntry(
+        "blendserve-serial",
+        "ablation: BlendServe's order walked by one cursor from its compute-heavy end, "
+        "without its dual scan and pacing (what blending itself adds)",
+        EVERYWHERE,
+        planned=True,
+        blends=True,
+        base="blendserve",
+        paced=False,
+        one_cursor=True,
+    ),
+    PolicyEntry(
+        "fcfs-shuffled",
+        "ablation: arrival order over a seeded shuffle of the workload",
+        frozenset((SIM,)),
+        base="fcfs",
+        shuffled=True,
+    ),
 )
 REGISTRY: dict[str, PolicyEntry] = {entry.name: entry for entry in ENTRIES}
 

@@ -14,13 +14,25 @@ with a binary search for the mismatch.
 from __future__ import annotations
 
 from array import array
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 
 class Node:
     __slots__ = (
-        "parent", "children", "source", "start", "end", "requests",
-        "count", "comp", "mem", "prompt_tokens", "saved", "sample_count", "sample_sum", "first_admitted",
+        "parent",
+        "children",
+        "source",
+        "start",
+        "end",
+        "requests",
+        "count",
+        "comp",
+        "mem",
+        "prompt_tokens",
+        "saved",
+        "sample_count",
+        "sample_sum",
+        "first_admitted",
     )
 
     def __init__(self, parent: Node | None, source: array, start: int, end: int) -> None:
@@ -57,12 +69,12 @@ class Node:
 
 def _common_prefix(a: array, a_start: int, b: array, b_start: int, limit: int) -> int:
     """Length of the common prefix of two array windows, by slice comparison and bisection."""
-    if a[a_start:a_start + limit] == b[b_start:b_start + limit]:
+    if a[a_start : a_start + limit] == b[b_start : b_start + limit]:
         return limit
     low, high = 0, limit
     while high - low > 1:
         middle = (low + high) // 2
-        if a[a_start:a_start + middle] == b[b_start:b_start + middle]:
+        if a[a_start : a_start + middle] == b[b_start : b_start + middle]:
             low = middle
         else:
             high = middle
@@ -209,7 +221,7 @@ class PrefixTree:
         """A request's prompt, reassembled from the edges on its path."""
         tokens = array("i")
         for node in self.path(self.node_of[request]):
-            tokens.extend(node.source[node.start:node.end])
+            tokens.extend(node.source[node.start : node.end])
         return tokens
 
 

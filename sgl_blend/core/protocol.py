@@ -8,8 +8,9 @@ real server exercise the very same policy code.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 from sgl_blend.core.placement import Placement
 

@@ -13,7 +13,7 @@ whenever enough new requests arrive, which is when the draws would see a differe
 from __future__ import annotations
 
 import random
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.planner import Plan
@@ -59,7 +59,6 @@ class PSMPolicy(PlannedPolicy):
         dfs = [index for index in self.tree.dfs_order() if include(index)]
         order = utility_order(dfs, self._arrivals(include), self.utility, random.Random(self.seed + self.plans))
         return Plan(order, len(order), 0.0, 0, 1.0)
-
 
 
 def make_offline_policy(name: str, model: ModelSpec, hardware: HardwareSpec, **options) -> PlannedPolicy:

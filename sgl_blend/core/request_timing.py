@@ -9,8 +9,8 @@ lives in the core because both sides build on it and neither may depend on the o
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

@@ -8,8 +8,8 @@ running requests needs most memory at some point ahead, not now (`peak_commitmen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

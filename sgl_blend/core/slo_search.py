@@ -11,8 +11,8 @@ own SLOs); `steps_for` sizes it by the resolution wanted rather than by a count.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 METRICS = ("ttft_mean", "ttft_p99", "tbt_mean", "tbt_p99")
 
@@ -66,8 +66,14 @@ def steps_for(low: float, high: float, resolution: float) -> int:
     return steps
 
 
-def search_budget(evaluate: Callable[[float], dict[str, float]], slos: Sequence[SLO], tolerance: float,
-                  low_s: float, high_s: float, steps: int) -> SearchResult:
+def search_budget(
+    evaluate: Callable[[float], dict[str, float]],
+    slos: Sequence[SLO],
+    tolerance: float,
+    low_s: float,
+    high_s: float,
+    steps: int,
+) -> SearchResult:
     """Bisect on ``evaluate(budget) -> metrics``, assuming latency grows with the budget."""
     if not slos:
         raise ValueError("give at least one SLO")

@@ -22,7 +22,8 @@ beside a few weight-bound online decodes -- is still admitted when the slack is 
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 # An iteration may grow by this share of its online part even at zero slack: a fitted predictor
 # is not this accurate on a few weight-bound decodes, so work this cheap cannot be told from none,
@@ -43,20 +44,35 @@ class OnlineRunning(OnlineTimed, Protocol):
     def output_tokens(self) -> int: ...
 
 
-def deadline_budget(now: float, running: Sequence[OnlineRunning], waiting: Sequence[OnlineTimed],
-                    ttft_s: float, tpot_s: float, idle_budget_s: float | None) -> float | None:
+def deadline_budget(
+    now: float,
+    running: Sequence[OnlineRunning],
+    waiting: Sequence[OnlineTimed],
+    ttft_s: float,
+    tpot_s: float,
+    idle_budget_s: float | None,
+) -> float | None:
     """Echo's per-iteration SLO: the tightest ``TTFT + i·TPOT - waited`` over online requests,
     where ``i`` is the index of the token each will produce next (slack carries forward)."""
     slacks = [ttft_s - (now - request.arrival) for request in waiting]
-    slacks += [ttft_s + request.output_tokens * tpot_s - (now - request.arrival)
-               for request in running if request.online]
+    slacks += [
+        ttft_s + request.output_tokens * tpot_s - (now - request.arrival) for request in running if request.online
+    ]
     if not slacks:
         return idle_budget_s
     return max(min(slacks), 0.0)
 
 
-def hygen_budget(now: float, online_s: float, decoding: bool, waiting: Sequence[OnlineTimed], headroom_s: float,
-                 tbt_target_s: float | None, ttft_target_s: float | None, idle_budget_s: float | None) -> float | None:
+def hygen_budget(
+    now: float,
+    online_s: float,
+    decoding: bool,
+    waiting: Sequence[OnlineTimed],
+    headroom_s: float,
+    tbt_target_s: float | None,
+    ttft_target_s: float | None,
+    idle_budget_s: float | None,
+) -> float | None:
     """HyGen's budget by state (module docstring); ``online_s`` is the predicted online part."""
     if not decoding and not waiting:
         return idle_budget_s if idle_budget_s is not None else headroom_s

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.emulation.pricing import KINDS
@@ -33,8 +34,12 @@ class KindTotals:
     measured_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"forwards": self.forwards, "device_seconds": self.device_seconds, "tokens": self.tokens,
-                "measured_seconds": self.measured_seconds}
+        return {
+            "forwards": self.forwards,
+            "device_seconds": self.device_seconds,
+            "tokens": self.tokens,
+            "measured_seconds": self.measured_seconds,
+        }
 
 
 class DeviceClock:

@@ -11,8 +11,9 @@ long as the slowest rank's share.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sgl_blend.client.http import server_info
 from sgl_blend.emulation.config import EMULATION_KEY, STATE_KEY
@@ -88,11 +89,17 @@ def job_time(before: ClockReading | None, after: ClockReading) -> JobTime:
     for rank in after.ranks:
         end = after.ranks[rank]
         start = before.ranks[rank] if before is not None else end.get("job_start") or end
-        idle = (float(end["idle_wall_seconds"]) - float(end["idle_under_way_seconds"])
-                - float(start["idle_wall_seconds"]))
+        idle = (
+            float(end["idle_wall_seconds"]) - float(end["idle_under_way_seconds"]) - float(start["idle_wall_seconds"])
+        )
         late = _behind(end) - _behind(start)
-        times.append(JobTime(float(end["device_seconds"]) - float(start["device_seconds"]),
-                             max(idle, 0.0) / _stretch(end), late / _stretch(end)))
+        times.append(
+            JobTime(
+                float(end["device_seconds"]) - float(start["device_seconds"]),
+                max(idle, 0.0) / _stretch(end),
+                late / _stretch(end),
+            )
+        )
     return max(times, key=lambda time: time.seconds_with_lateness)
 
 

@@ -6,8 +6,9 @@ sides like the rest of the settings. Importing this module does not import SGLan
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 CPU_DEVICE = "cpu"
 # Where ``/server_info`` shows the clock: ``internal_states[i][STATE_KEY][EMULATION_KEY]``, inside
@@ -17,9 +18,11 @@ EMULATION_KEY = "emulation"
 
 
 # `--emulate-realtime`, on `serve` and `run-batch` alike.
-REALTIME_HELP = ("with --emulate: each forward lasts FACTOR times its price on the wall clock, so that this host's "
-                 "feeding, tokenising and scheduling keep their pace against the device's, as on a real one (the "
-                 "emulated time counts idle wall time over FACTOR); without it a forward returns at once")
+REALTIME_HELP = (
+    "with --emulate: each forward lasts FACTOR times its price on the wall clock, so that this host's "
+    "feeding, tokenising and scheduling keep their pace against the device's, as on a real one (the "
+    "emulated time counts idle wall time over FACTOR); without it a forward returns at once"
+)
 
 
 @dataclass(frozen=True)
@@ -49,14 +52,19 @@ class EmulationConfig:
             if self.token_id is not None:
                 raise ValueError("the cpu device runs the real forward: it takes no token_id")
         elif not (isinstance(self.token_id, int) and not isinstance(self.token_id, bool) and self.token_id >= 0):
-            raise ValueError(f"an emulated {self.device} needs the token id skipped forwards return, "
-                             f"got {self.token_id!r}")
+            raise ValueError(
+                f"an emulated {self.device} needs the token id skipped forwards return, got {self.token_id!r}"
+            )
         if self.realtime_factor is not None:
             if self.runs_model:
-                raise ValueError("the cpu device runs the real forward in real time already: "
-                                 "it takes no realtime_factor")
-            if not (isinstance(self.realtime_factor, (int, float)) and not isinstance(self.realtime_factor, bool)
-                    and self.realtime_factor > 0):
+                raise ValueError(
+                    "the cpu device runs the real forward in real time already: it takes no realtime_factor"
+                )
+            if not (
+                isinstance(self.realtime_factor, (int, float))
+                and not isinstance(self.realtime_factor, bool)
+                and self.realtime_factor > 0
+            ):
                 raise ValueError(f"realtime_factor must be a positive number, got {self.realtime_factor!r}")
 
     @property

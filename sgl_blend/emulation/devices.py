@@ -86,7 +86,9 @@ def resolve_device(name: str) -> EmulatedDevice:
         raise ValueError(f"unknown device {name!r}: not one of {', '.join(BUILTIN_DEVICES)} nor a profile JSON")
     data = json.loads(path.read_text())
     if PROFILE_TOTAL_MIB not in data or PROFILE_USABLE_GIB not in data:
-        raise ValueError(f"{path} prices a device but does not say its memory: add {PROFILE_TOTAL_MIB!r} "
-                         f"(nvidia-smi memory.total) and {PROFILE_USABLE_GIB!r} (torch.cuda.mem_get_info total, GiB)")
+        raise ValueError(
+            f"{path} prices a device but does not say its memory: add {PROFILE_TOTAL_MIB!r} "
+            f"(nvidia-smi memory.total) and {PROFILE_USABLE_GIB!r} (torch.cuda.mem_get_info total, GiB)"
+        )
     memory = DeviceMemory(float(data[PROFILE_TOTAL_MIB]), float(data[PROFILE_USABLE_GIB]))
     return EmulatedDevice(name, HardwareSpec.from_json(path), memory)

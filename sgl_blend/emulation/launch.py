@@ -13,9 +13,10 @@ SGLang's CPU settings and every forward is priced beside it.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sgl_blend.emulation.config import EmulationConfig
 from sgl_blend.emulation.devices import resolve_device
@@ -67,12 +68,19 @@ class EmulatedLaunch:
         if self.sizing is None:
             return line + " (real forward, timed and priced)"
         sizing = self.sizing
-        return (f"{line}: {sizing.max_total_tokens} KV tokens (mem_fraction_static {sizing.mem_fraction_static}), "
-                f"chunked prefill {sizing.chunked_prefill_size}, {sizing.max_running_requests} running requests")
+        return (
+            f"{line}: {sizing.max_total_tokens} KV tokens (mem_fraction_static {sizing.mem_fraction_static}), "
+            f"chunked prefill {sizing.chunked_prefill_size}, {sizing.max_running_requests} running requests"
+        )
 
 
-def emulated_launch(device: str, model: str, sglang_args: Sequence[str] = (),
-                    cache_dir: Path | None = None, realtime_factor: float | None = None) -> EmulatedLaunch:
+def emulated_launch(
+    device: str,
+    model: str,
+    sglang_args: Sequence[str] = (),
+    cache_dir: Path | None = None,
+    realtime_factor: float | None = None,
+) -> EmulatedLaunch:
     """The launch of ``model`` (a name in `EMULATION_MODELS`, a bundled model, or an HF model
     directory) on the emulated ``device``; ``sglang_args`` are the user's SGLang flags;
     ``realtime_factor``: each forward lasts that many times its price on the wall clock."""
@@ -80,8 +88,10 @@ def emulated_launch(device: str, model: str, sglang_args: Sequence[str] = (),
     args = list(sglang_args)
     if emulated.memory is None:
         if model in EMULATION_MODELS:
-            raise ValueError(f"--emulate {device} runs the real model, and {model} has no weights here: "
-                             "give a model that runs (tiny-llama, smollm2-135m or a model directory)")
+            raise ValueError(
+                f"--emulate {device} runs the real model, and {model} has no weights here: "
+                "give a model that runs (tiny-llama, smollm2-135m or a model directory)"
+            )
         path = resolve_model_path(model, cache_dir)
         runs = EmulationConfig(device, str(path), _tp(args), realtime_factor=realtime_factor)
         return EmulatedLaunch(path, args, runs, emulated.plugin_hardware(1), None)
@@ -92,16 +102,30 @@ def emulated_launch(device: str, model: str, sglang_args: Sequence[str] = (),
         config = json.loads((path / "config.json").read_text())
         model = str(path)
     tp = _tp(args)
-    sizing = engine_sizing(config, emulated.memory, tp,
-                           chunked_prefill_size=_int_flag(args, CHUNK_FLAG),
-                           max_running_requests=_int_flag(args, RUNNING_FLAG),
-                           mem_fraction_static=_float_flag(args, MEM_FRACTION_FLAG),
-                           max_total_tokens=_int_flag(args, TOKENS_FLAG))
+    sizing = engine_sizing(
+        config,
+        emulated.memory,
+        tp,
+        chunked_prefill_size=_int_flag(args, CHUNK_FLAG),
+        max_running_requests=_int_flag(args, RUNNING_FLAG),
+        mem_fraction_static=_float_flag(args, MEM_FRACTION_FLAG),
+        max_total_tokens=_int_flag(args, TOKENS_FLAG),
+    )
     args = _without(args, (*TP_FLAGS, MEM_FRACTION_FLAG, CHUNK_FLAG, RUNNING_FLAG, TOKENS_FLAG)) + [
-        CHUNK_FLAG, str(sizing.chunked_prefill_size), RUNNING_FLAG, str(sizing.max_running_requests),
-        TOKENS_FLAG, str(sizing.max_total_tokens)]
-    return EmulatedLaunch(path, args, EmulationConfig(device, model, tp, emulated_token(path), realtime_factor),
-                          emulated.plugin_hardware(tp), sizing)
+        CHUNK_FLAG,
+        str(sizing.chunked_prefill_size),
+        RUNNING_FLAG,
+        str(sizing.max_running_requests),
+        TOKENS_FLAG,
+        str(sizing.max_total_tokens),
+    ]
+    return EmulatedLaunch(
+        path,
+        args,
+        EmulationConfig(device, model, tp, emulated_token(path), realtime_factor),
+        emulated.plugin_hardware(tp),
+        sizing,
+    )
 
 
 def emulated_token(model_path: Path) -> int:

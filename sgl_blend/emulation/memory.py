@@ -21,8 +21,9 @@ post-capture KV sizing (off by default: ``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sgl_blend.core.cost_model import ModelSpec
 from sgl_blend.emulation.devices import DeviceMemory
@@ -65,8 +66,14 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 def prefill_graph_buckets(max_bs: int) -> list[int]:
     """The token counts SGLang captures prefill graphs at, up to ``max_bs`` (``cuda_graph_hook.py``
     `generate_prefill_cuda_graph_batch_sizes`)."""
-    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
-             + list(range(576, 1024 + 1, 64)) + list(range(1280, 4096 + 1, 256)) + list(range(4608, max_bs + 1, 512)))
+    sizes = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1024 + 1, 64))
+        + list(range(1280, 4096 + 1, 256))
+        + list(range(4608, max_bs + 1, 512))
+    )
     return [size for size in sizes if size <= max_bs]
 
 
@@ -96,9 +103,16 @@ def kv_bytes_per_token(config: Mapping[str, Any], tp: int) -> int:
     return max(1, kv_heads // tp) * 2 * head_dim * int(config["num_hidden_layers"]) * _dtype_bytes(config)
 
 
-def engine_sizing(config: Mapping[str, Any], memory: DeviceMemory, tp: int = 1, *,
-                  chunked_prefill_size: int | None = None, max_running_requests: int | None = None,
-                  mem_fraction_static: float | None = None, max_total_tokens: int | None = None) -> EngineSizing:
+def engine_sizing(
+    config: Mapping[str, Any],
+    memory: DeviceMemory,
+    tp: int = 1,
+    *,
+    chunked_prefill_size: int | None = None,
+    max_running_requests: int | None = None,
+    mem_fraction_static: float | None = None,
+    max_total_tokens: int | None = None,
+) -> EngineSizing:
     """SGLang's sizing of ``config`` (an HF ``config.json``) on ``memory`` at TP ``tp``; the
     keyword arguments are the flags a user gave, which SGLang honours the same way."""
     _, default_chunk, small_tp_bs, large_tp_bs = next(tier for tier in MEMORY_TIERS if memory.total_mib < tier[0])
@@ -108,32 +122,51 @@ def engine_sizing(config: Mapping[str, Any], memory: DeviceMemory, tp: int = 1, 
         decode_bs = min(decode_bs, max_running_requests)
     prefill_bs = min(chunk, max_total_tokens) if max_total_tokens is not None else chunk
     activation_tokens = max(chunk if chunk > 0 else DEFAULT_MAX_PREFILL_TOKENS, MIN_ACTIVATION_TOKENS)
-    reserved = (RESERVED_BASE_MIB + activation_tokens * ACTIVATION_MIB_PER_TOKEN
-                + tp / 8 * PARALLEL_MIB_PER_8_RANKS + decode_bs * DECODE_GRAPH_MIB_PER_BS
-                + len(prefill_graph_buckets(prefill_bs)) * PREFILL_GRAPH_MIB_PER_BUCKET)
+    reserved = (
+        RESERVED_BASE_MIB
+        + activation_tokens * ACTIVATION_MIB_PER_TOKEN
+        + tp / 8 * PARALLEL_MIB_PER_8_RANKS
+        + decode_bs * DECODE_GRAPH_MIB_PER_BS
+        + len(prefill_graph_buckets(prefill_bs)) * PREFILL_GRAPH_MIB_PER_BUCKET
+    )
     if memory.total_mib > LARGE_DEVICE_MIB:
         reserved = max(reserved, LARGE_DEVICE_MIN_RESERVED_MIB)
-    fraction = (round((memory.total_mib - reserved) / memory.total_mib, 3) if mem_fraction_static is None
-                else mem_fraction_static)
+    fraction = (
+        round((memory.total_mib - reserved) / memory.total_mib, 3)
+        if mem_fraction_static is None
+        else mem_fraction_static
+    )
     free = memory.free_at_load_gib
     weights = ModelSpec.from_hf_config(config).params * _dtype_bytes(config) / tp / BYTES_PER_GIB
     rest_gib = (free - weights) - free * (1 - fraction)
     if rest_gib <= 0:
-        raise ValueError(f"the weights ({weights:.1f} GiB per rank) leave no KV memory at mem_fraction_static "
-                         f"{fraction} on this device: raise --tp-size")
+        raise ValueError(
+            f"the weights ({weights:.1f} GiB per rank) leave no KV memory at mem_fraction_static "
+            f"{fraction} on this device: raise --tp-size"
+        )
     cell = kv_bytes_per_token(config, tp)
     tokens = int(rest_gib * BYTES_PER_GIB) // cell
     if max_total_tokens is not None:
         tokens = min(tokens, max_total_tokens)
-    return EngineSizing(chunk, decode_bs, reserved, fraction, free, weights, cell, tokens,
-                        _max_running_requests(tokens, int(config["max_position_embeddings"]), max_running_requests))
+    return EngineSizing(
+        chunk,
+        decode_bs,
+        reserved,
+        fraction,
+        free,
+        weights,
+        cell,
+        tokens,
+        _max_running_requests(tokens, int(config["max_position_embeddings"]), max_running_requests),
+    )
 
 
 def _max_running_requests(tokens: int, context_len: int, requested: int | None) -> int:
     if requested is not None:
         return min(requested, tokens // 2)
-    estimated = max(min(int(tokens / context_len * RUNNING_REQUESTS_PER_CONTEXT), MAX_ESTIMATED_RUNNING),
-                    MIN_ESTIMATED_RUNNING)
+    estimated = max(
+        min(int(tokens / context_len * RUNNING_REQUESTS_PER_CONTEXT), MAX_ESTIMATED_RUNNING), MIN_ESTIMATED_RUNNING
+    )
     return min(estimated, tokens // 2)
 
 

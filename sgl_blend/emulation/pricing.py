@@ -11,8 +11,8 @@ engine; the emulator only feeds it shapes SGLang really ran.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from sgl_blend.core.cost_model import CostModel, ModelSpec, model_spec
 from sgl_blend.core.latency_model import BatchShape

@@ -24,8 +24,9 @@ reaches the client one forward late, and a run judged on latency passes
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -73,6 +74,12 @@ class RealTimePacer:
     def state(self) -> dict[str, Any]:
         """``host_gap_s``: wall time between back-to-back forwards (the host's scheduling work);
         ``behind_s``: how much later than the device the host delivered its batches, in total."""
-        return {"factor": self.factor, "forwards": self.forwards, "slept_s": self.slept_s,
-                "host_gap_s": self.host_gap_s, "behind_forwards": self.behind_forwards,
-                "behind_s": self.behind_s, "max_behind_s": self.max_behind_s}
+        return {
+            "factor": self.factor,
+            "forwards": self.forwards,
+            "slept_s": self.slept_s,
+            "host_gap_s": self.host_gap_s,
+            "behind_forwards": self.behind_forwards,
+            "behind_s": self.behind_s,
+            "max_behind_s": self.max_behind_s,
+        }

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.emulation.clock import DeviceClock
@@ -72,15 +73,18 @@ def read_batch(scheduled: Any) -> tuple[str, BatchShape] | None:
         return kind, batch_shape(decode_contexts=[int(length) for length in lengths.tolist()])
     rows = list(zip(scheduled.extend_lens, scheduled.prefix_lens))
     decodes = len(scheduled.mix_running_indices_cpu) if kind == MIXED else 0
-    prefills = rows[:len(rows) - decodes]
-    return kind, batch_shape(prefills, [extend + prefix for extend, prefix in rows[len(prefills):]])
+    prefills = rows[: len(rows) - decodes]
+    return kind, batch_shape(prefills, [extend + prefix for extend, prefix in rows[len(prefills) :]])
 
 
 def needs_model_outputs(scheduled: Any) -> bool:
     """Whether the batch asks for more than the next tokens, which only a real forward gives."""
     sampling = scheduled.sampling_info
-    return bool(scheduled.return_logprob or scheduled.return_hidden_states
-                or (sampling is not None and sampling.grammars is not None))
+    return bool(
+        scheduled.return_logprob
+        or scheduled.return_hidden_states
+        or (sampling is not None and sampling.grammars is not None)
+    )
 
 
 class Emulator:
@@ -105,9 +109,11 @@ class Emulator:
         kind, shape = priced
         self.clock.busy()
         if self.job_start is None and any(is_offline(req.routing_key) for req in scheduled.reqs):
-            self.job_start = {"device_seconds": self.clock.device_seconds,
-                              "idle_wall_seconds": self.clock.idle_wall_seconds,
-                              "realtime": self.pacer.state() if self.pacer is not None else None}
+            self.job_start = {
+                "device_seconds": self.clock.device_seconds,
+                "idle_wall_seconds": self.clock.idle_wall_seconds,
+                "realtime": self.pacer.state() if self.pacer is not None else None,
+            }
         seconds = self.pricer.seconds(shape)
         if self.config.runs_model:
             started = time.perf_counter()
@@ -128,7 +134,8 @@ class Emulator:
         assert token_id is not None, "EmulationConfig requires one wherever forwards are skipped"
         tokens = torch.full((len(scheduled.reqs),), token_id, dtype=torch.int64, device=scheduled.device)
         return self.boundary.GenerationBatchResult(
-            logits_output=self.boundary.LogitsProcessorOutput(next_token_logits=None), next_token_ids=tokens)
+            logits_output=self.boundary.LogitsProcessorOutput(next_token_logits=None), next_token_ids=tokens
+        )
 
     def no_batch(self, *_args: Any, **_kwargs: Any) -> None:
         self.clock.idle()
@@ -163,5 +170,10 @@ def register(config: EmulationConfig | None, boundary: Boundary) -> None:
     boundary.register_hook(boundary.EMULATED_FORWARD, emulator.forward)
     boundary.register_hook(boundary.EMULATION_NO_BATCH, emulator.no_batch)
     boundary.register_hook(boundary.GET_INTERNAL_STATE, emulator.report)
-    logger.info("sgl-blend emulates %s (%s) running %s at TP %d", config.device, emulator.pricer.hardware_name,
-                emulator.pricer.model.name, config.tp)
+    logger.info(
+        "sgl-blend emulates %s (%s) running %s at TP %d",
+        config.device,
+        emulator.pricer.hardware_name,
+        emulator.pricer.model.name,
+        config.tp,
+    )

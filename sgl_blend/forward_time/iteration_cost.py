@@ -38,10 +38,12 @@ class IterationCost:
     @classmethod
     def of(cls, cost: CostModel) -> IterationCost:
         model, hardware = cost.model, cost.hardware
-        return cls(token_comp=2.0 * model.params / hardware.flops,
-                   pair_comp=8.0 * model.hidden * model.layers / hardware.flops,
-                   kv_read=model.kv_bytes_per_token / hardware.bandwidth,
-                   weight_read=model.params * model.dtype_bytes / hardware.bandwidth)
+        return cls(
+            token_comp=2.0 * model.params / hardware.flops,
+            pair_comp=8.0 * model.hidden * model.layers / hardware.flops,
+            kv_read=model.kv_bytes_per_token / hardware.bandwidth,
+            weight_read=model.params * model.dtype_bytes / hardware.bandwidth,
+        )
 
     def linear(self, tokens: float) -> float:
         """Linear layers over ``tokens`` tokens: FLOP time or weight-read time, the larger;

@@ -23,8 +23,8 @@ sets lambda explicitly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -50,8 +50,9 @@ class OverlapFunction:
 def fit_overlap(samples: Sequence[tuple[float, float, float]]) -> tuple[float, float, float]:
     """``(a, b, k)`` minimising squared error of ``a max + b min + k`` over (comp, mem, measured)."""
     data = np.asarray(samples, dtype=float)
-    design = np.column_stack([np.maximum(data[:, 0], data[:, 1]), np.minimum(data[:, 0], data[:, 1]),
-                              np.ones(len(data))])
+    design = np.column_stack(
+        [np.maximum(data[:, 0], data[:, 1]), np.minimum(data[:, 0], data[:, 1]), np.ones(len(data))]
+    )
     coefficients, *_ = np.linalg.lstsq(design, data[:, 2], rcond=None)
     return float(coefficients[0]), float(coefficients[1]), float(coefficients[2])
 
@@ -66,8 +67,9 @@ def interference_label(interference: float) -> str:
     return f"interference({interference:g})"
 
 
-def overlap_function(name: str, interference: float = TWO_STREAM_INTERFERENCE,
-                     fitted: tuple[float, float, float] | None = None) -> OverlapFunction:
+def overlap_function(
+    name: str, interference: float = TWO_STREAM_INTERFERENCE, fitted: tuple[float, float, float] | None = None
+) -> OverlapFunction:
     """The named overlap. ``interference`` defaults to the two-stream figure measured on the
     H100; use `hardware_overlap` to take it from the device profile instead."""
     if name == "sum":
@@ -83,8 +85,12 @@ def overlap_function(name: str, interference: float = TWO_STREAM_INTERFERENCE,
     raise ValueError(f"unknown overlap function {name!r}; known: {', '.join(OVERLAP_NAMES)}")
 
 
-def hardware_overlap(hardware: HardwareSpec, name: str = "interference", interference: float | None = None,
-                     fitted: tuple[float, float, float] | None = None) -> OverlapFunction:
+def hardware_overlap(
+    hardware: HardwareSpec,
+    name: str = "interference",
+    interference: float | None = None,
+    fitted: tuple[float, float, float] | None = None,
+) -> OverlapFunction:
     """The simulator's default: ``interference`` with lambda from the device's measured co-run
     profile (``hardware.corun_interference``) unless ``interference`` overrides it."""
     return overlap_function(name, hardware.corun_interference if interference is None else interference, fitted)

@@ -13,6 +13,7 @@ batches (`profile`) has a realistic error rather than none.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from sgl_blend.core.cost_model import CostModel
@@ -57,8 +58,9 @@ class NoisyClock:
         return base * float(self._rng.lognormal(0.0, self.jitter)) if self.jitter > 0 else base
 
 
-def profile_shapes(count: int, seed: int = 0, max_prefill: int = 2048, max_decodes: int = 256,
-                   max_context: int = 8192) -> list[BatchShape]:
+def profile_shapes(
+    count: int, seed: int = 0, max_prefill: int = 2048, max_decodes: int = 256, max_context: int = 8192
+) -> list[BatchShape]:
     """Random batch compositions spanning what a co-located engine runs: decode-only batches,
     prefill-only ones and mixtures, as `sgl-blend profile --latency` sweeps the real engine."""
     rng = np.random.default_rng(seed)
@@ -68,13 +70,21 @@ def profile_shapes(count: int, seed: int = 0, max_prefill: int = 2048, max_decod
         kind = rng.integers(3)
         if kind != 1:
             for _ in range(int(rng.integers(1, 4))):
-                shape = shape.with_prefill(int(rng.integers(1, max_prefill // 2 + 1)),
-                                           int(rng.integers(0, max_context // 4)))
+                shape = shape.with_prefill(
+                    int(rng.integers(1, max_prefill // 2 + 1)), int(rng.integers(0, max_context // 4))
+                )
         if kind != 0:
             decodes = int(rng.integers(1, max_decodes + 1))
             contexts = rng.integers(16, max_context, decodes)
-            shape = BatchShape(shape.prefill_tokens, shape.prefill_reqs, shape.prefill_attention, decodes,
-                               int(contexts.sum()), int(contexts.max()), shape.prefill_chunks)
+            shape = BatchShape(
+                shape.prefill_tokens,
+                shape.prefill_reqs,
+                shape.prefill_attention,
+                decodes,
+                int(contexts.sum()),
+                int(contexts.max()),
+                shape.prefill_chunks,
+            )
         shapes.append(shape)
     return shapes
 

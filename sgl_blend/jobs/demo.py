@@ -10,9 +10,9 @@ from pathlib import Path
 
 import openai
 
-from sgl_blend.workloads.batch_files import fewshot_lines, sharegpt_lines, write_jsonl
-from sgl_blend.client.batches import download, submit, wait
 from sgl_blend.batch_lines.outcome import LineUsage
+from sgl_blend.client.batches import download, submit, wait
+from sgl_blend.workloads.batch_files import fewshot_lines, sharegpt_lines, write_jsonl
 
 
 def demo_lines(n: int) -> list[dict]:
@@ -34,11 +34,20 @@ def run_demo_batch(client: openai.OpenAI, work_dir: Path, n: int) -> dict:
     seconds = time.monotonic() - start
     files = download(client, batch, work_dir)
     counts, usage = batch.request_counts, batch.usage
-    tokens = LineUsage(usage.input_tokens, usage.output_tokens, usage.input_tokens_details.cached_tokens) \
-        if usage else LineUsage()
-    summary = {"batch": batch.id, "status": batch.status, "lines": counts.total if counts else n,
-               "completed": counts.completed if counts else 0, "failed": counts.failed if counts else 0,
-               **tokens.report(seconds), "output": str(files.get("output")),
-               **({"errors": str(files["errors"])} if "errors" in files else {})}
+    tokens = (
+        LineUsage(usage.input_tokens, usage.output_tokens, usage.input_tokens_details.cached_tokens)
+        if usage
+        else LineUsage()
+    )
+    summary = {
+        "batch": batch.id,
+        "status": batch.status,
+        "lines": counts.total if counts else n,
+        "completed": counts.completed if counts else 0,
+        "failed": counts.failed if counts else 0,
+        **tokens.report(seconds),
+        "output": str(files.get("output")),
+        **({"errors": str(files["errors"])} if "errors" in files else {}),
+    }
     print("[demo] summary: " + json.dumps(summary), flush=True)
     return summary

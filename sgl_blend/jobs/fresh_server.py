@@ -6,16 +6,25 @@ scheduler state read back from ``/server_info``, and stopped.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sgl_blend.client import http
 from sgl_blend.core.policy_registry import RUN_BATCH, lookup
 from sgl_blend.emulation.clock_reader import job_time, read_clock
 from sgl_blend.emulation.launch import emulated_launch
+from sgl_blend.jobs.run_batch import (
+    EmulatedJob,
+    JobFiles,
+    JobOptions,
+    JobTotals,
+    finished_totals,
+    follow_job,
+    job_config,
+    open_job,
+)
 from sgl_blend.launch.colocation import with_free_port
-from sgl_blend.jobs.run_batch import (EmulatedJob, JobFiles, JobOptions, JobTotals, finished_totals, follow_job,
-                                      job_config, open_job)
 from sgl_blend.launch.flags import with_defaults
 from sgl_blend.server.store import TERMINAL_STATUSES
 from sgl_blend.sglang_plugin.settings import PluginSettings
@@ -72,8 +81,13 @@ def run_on_fresh_server(
         launch = emulated_launch(emulate, model, args, realtime_factor=emulate_realtime)
         model, args, settings = str(launch.model_path), launch.sglang_args, launch.settings_for(settings)
     announce(f"starting the server{f' (log: {server_log})' if server_log else ''} ...")
-    server = start_server(model, with_defaults(args, settings.sglang_flags()), log_path=server_log,
-                          settings=settings, batch_api=job_config(files, row, options))
+    server = start_server(
+        model,
+        with_defaults(args, settings.sglang_flags()),
+        log_path=server_log,
+        settings=settings,
+        batch_api=job_config(files, row, options),
+    )
     announce(f"the server is ready at {server.base_url}; its batch runner runs the job")
     side_thread = threading.Thread(target=while_running, args=(server,)) if while_running else None
     try:
@@ -82,8 +96,9 @@ def run_on_fresh_server(
         totals = follow_job(files, row, lambda: server.process.poll() is None, options.show_progress)
         if settings.emulation and server.process.poll() is None:
             end = read_clock(server.base_url, server.api_key)
-            totals.emulated = EmulatedJob(settings.emulation.device, job_time(None, end),
-                                          next(iter(end.ranks.values())).get("realtime"))
+            totals.emulated = EmulatedJob(
+                settings.emulation.device, job_time(None, end), next(iter(end.ranks.values())).get("realtime")
+            )
         state = scheduler_plugin_state(server) if server.process.poll() is None else {}
     finally:
         if side_thread and side_thread.is_alive():
@@ -99,4 +114,3 @@ def scheduler_plugin_state(server: ServerProcess) -> dict[str, Any]:
     states = [state.get("sgl_blend", {}) for state in info["internal_states"]]
     states.sort(key=lambda state: state.get("dp_rank") or 0)
     return {**states[0], "ranks": states} if len(states) > 1 else states[0]
-

@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tqdm import tqdm
 
@@ -152,10 +153,13 @@ def open_job(files: JobFiles) -> BatchRow:
 
 def job_config(files: JobFiles, row: BatchRow, options: JobOptions) -> BatchApiConfig:
     """The Batch API the job's server runs: on the job's store, the job's own files named in it."""
-    return BatchApiConfig(data_dir=files.store_dir, max_file_lines=sys.maxsize, max_line_bytes=options.max_line_bytes,
-                          max_inflight=options.max_inflight,
-                          named={row.input_file_id: files.input, row.output_blob: files.output,
-                                 row.error_blob: files.errors})
+    return BatchApiConfig(
+        data_dir=files.store_dir,
+        max_file_lines=sys.maxsize,
+        max_line_bytes=options.max_line_bytes,
+        max_inflight=options.max_inflight,
+        named={row.input_file_id: files.input, row.output_blob: files.output, row.error_blob: files.errors},
+    )
 
 
 def finished_totals(files: JobFiles, row: BatchRow) -> JobTotals:
@@ -168,8 +172,13 @@ def follow_job(files: JobFiles, start: BatchRow, alive: Callable[[], bool], show
     no longer ``alive``; Ctrl-C (KeyboardInterrupt) passes to the caller, which stops the server."""
     began = time.monotonic()
     reader = BatchStore.open("", files.store_dir, lock=False)
-    bar = tqdm(total=start.total or None, initial=start.completed + start.failed, unit="req",
-               disable=not show_progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=start.total or None,
+        initial=start.completed + start.failed,
+        unit="req",
+        disable=not show_progress,
+        dynamic_ncols=True,
+    )
 
     def current() -> BatchRow:
         row = reader.get_batch(start.id)
@@ -187,12 +196,19 @@ def follow_job(files: JobFiles, start: BatchRow, alive: Callable[[], bool], show
         bar.close()
         reader.close()
     done_before = start.completed + start.failed
-    usage = LineUsage(row.input_tokens - start.input_tokens, row.output_tokens - start.output_tokens,
-                      row.cached_tokens - start.cached_tokens)
-    return JobTotals(completed=row.completed - start.completed, failed=row.failed - start.failed,
-                     skipped=done_before, not_run=max(row.total - row.completed - row.failed, 0)
-                     if row.status not in TERMINAL_STATUSES else 0,
-                     usage=usage, wall_seconds=time.monotonic() - began)
+    usage = LineUsage(
+        row.input_tokens - start.input_tokens,
+        row.output_tokens - start.output_tokens,
+        row.cached_tokens - start.cached_tokens,
+    )
+    return JobTotals(
+        completed=row.completed - start.completed,
+        failed=row.failed - start.failed,
+        skipped=done_before,
+        not_run=max(row.total - row.completed - row.failed, 0) if row.status not in TERMINAL_STATUSES else 0,
+        usage=usage,
+        wall_seconds=time.monotonic() - began,
+    )
 
 
 def _usage(row: BatchRow) -> LineUsage:
@@ -216,18 +232,34 @@ def _job_batch(store: BatchStore, files: JobFiles) -> BatchRow:
     if rows:
         row = rows[0]
         if (row.metadata or {}).get("input_sha256") != fingerprint:
-            raise JobRefused("input_changed", f"{files.input} is not the input the job in {files.store_dir} was "
-                                              "started with; remove that folder (and the output files) to start over")
+            raise JobRefused(
+                "input_changed",
+                f"{files.input} is not the input the job in {files.store_dir} was "
+                "started with; remove that folder (and the output files) to start over",
+            )
         return row
     for path in (files.output, files.errors):
         if path.exists() and path.stat().st_size:
-            raise JobRefused("output_exists", f"{path} exists but no job store ({files.store_dir}) accounts for "
-                                              "it; remove it or write the output elsewhere")
+            raise JobRefused(
+                "output_exists",
+                f"{path} exists but no job store ({files.store_dir}) accounts for "
+                "it; remove it or write the output elsewhere",
+            )
     now = int(time.time())
     input_id = new_file_id()
     store.add_file(FileRow(input_id, "batch", files.input.name, files.input.stat().st_size, now))
-    row = BatchRow(new_batch_id(), RUN_BATCH_ENDPOINT, input_id, "job", "validating", now, now + JOB_WINDOW_S,
-                   output_blob=new_file_id(), error_blob=new_file_id(), metadata={"input_sha256": fingerprint})
+    row = BatchRow(
+        new_batch_id(),
+        RUN_BATCH_ENDPOINT,
+        input_id,
+        "job",
+        "validating",
+        now,
+        now + JOB_WINDOW_S,
+        output_blob=new_file_id(),
+        error_blob=new_file_id(),
+        metadata={"input_sha256": fingerprint},
+    )
     store.add_batch(row)
     BlobDir(files.store_dir)  # the store's folders, before its server opens them
     return row

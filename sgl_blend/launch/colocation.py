@@ -9,10 +9,11 @@ flag the user gives wins over these.
 from __future__ import annotations
 
 import socket
-from typing import Sequence
+from collections.abc import Sequence
 
 from sgl_blend.launch.flags import given_flags, with_defaults
 from sgl_blend.sglang_plugin.settings import PluginSettings
+
 
 def colocation_launch(settings: PluginSettings, sglang_args: Sequence[str] = ()) -> list[str]:
     """``sglang_args`` plus the flags ``settings`` run with; the server gets the same ``settings``."""

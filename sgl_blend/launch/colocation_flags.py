@@ -20,32 +20,65 @@ if TYPE_CHECKING:
 
 def add_colocation_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("co-location (online and offline work on one server)")
-    group.add_argument("--colocation", choices=MODES, default=None,
-                       help="off (default), hygen (latency budget, offline decode skipping), echo (SLO "
-                            "deadlines, KV priorities, online reserve) or bros (Alg. 1 admission by "
-                            "residual time, adaptive batch size; runs without the radix cache)")
-    group.add_argument("--latency-budget-ms", type=float, default=None,
-                       help="hygen: per-iteration latency budget once offline work is added")
-    group.add_argument("--headroom-ms", type=float, default=None,
-                       help="hygen: budget each iteration at the predicted online-only iteration plus this "
-                            "headroom, capped by --tpot-slo-ms while online requests decode and by the TTFT "
-                            "slack of a waiting one; --idle-budget-ms (else the headroom) with none present")
+    group.add_argument(
+        "--colocation",
+        choices=MODES,
+        default=None,
+        help="off (default), hygen (latency budget, offline decode skipping), echo (SLO "
+        "deadlines, KV priorities, online reserve) or bros (Alg. 1 admission by "
+        "residual time, adaptive batch size; runs without the radix cache)",
+    )
+    group.add_argument(
+        "--latency-budget-ms",
+        type=float,
+        default=None,
+        help="hygen: per-iteration latency budget once offline work is added",
+    )
+    group.add_argument(
+        "--headroom-ms",
+        type=float,
+        default=None,
+        help="hygen: budget each iteration at the predicted online-only iteration plus this "
+        "headroom, capped by --tpot-slo-ms while online requests decode and by the TTFT "
+        "slack of a waiting one; --idle-budget-ms (else the headroom) with none present",
+    )
     group.add_argument("--latency-model", type=Path, default=None, help="a `sgl-blend profile --latency` JSON")
-    group.add_argument("--latency-form", choices=FORMS, default=None,
-                       help="which fitted form to use (default: the file's best on held-out batches)")
-    group.add_argument("--slo-file", type=Path, default=None,
-                       help="a `sgl-blend tune-slo` result: its budget and latency model")
-    group.add_argument("--ttft-slo-ms", type=float, default=None,
-                       help="echo and bros, and hygen with --headroom-ms: time-to-first-token target")
-    group.add_argument("--tpot-slo-ms", type=float, default=None,
-                       help="echo and bros, and hygen with --headroom-ms: time-per-output-token target")
-    group.add_argument("--idle-budget-ms", type=float, default=None,
-                       help="echo, bros and hygen with --headroom-ms: longest iteration while no online "
-                            "request bounds it (an online request that arrives waits for the iteration under "
-                            "way); default unbounded")
-    group.add_argument("--psm-utility", type=float, default=None,
-                       help="with --offline-policy psm: probability of taking the prefix-sharing order over "
-                            "the oldest request (HyGen's anti-starvation utility u; default 0.9)")
+    group.add_argument(
+        "--latency-form",
+        choices=FORMS,
+        default=None,
+        help="which fitted form to use (default: the file's best on held-out batches)",
+    )
+    group.add_argument(
+        "--slo-file", type=Path, default=None, help="a `sgl-blend tune-slo` result: its budget and latency model"
+    )
+    group.add_argument(
+        "--ttft-slo-ms",
+        type=float,
+        default=None,
+        help="echo and bros, and hygen with --headroom-ms: time-to-first-token target",
+    )
+    group.add_argument(
+        "--tpot-slo-ms",
+        type=float,
+        default=None,
+        help="echo and bros, and hygen with --headroom-ms: time-per-output-token target",
+    )
+    group.add_argument(
+        "--idle-budget-ms",
+        type=float,
+        default=None,
+        help="echo, bros and hygen with --headroom-ms: longest iteration while no online "
+        "request bounds it (an online request that arrives waits for the iteration under "
+        "way); default unbounded",
+    )
+    group.add_argument(
+        "--psm-utility",
+        type=float,
+        default=None,
+        help="with --offline-policy psm: probability of taking the prefix-sharing order over "
+        "the oldest request (HyGen's anti-starvation utility u; default 0.9)",
+    )
 
 
 def _seconds(milliseconds: float | None) -> float | None:
@@ -66,10 +99,14 @@ def colocation_config(args: argparse.Namespace) -> ColocationConfig:
             settings["latency_model"] = load_model(args.latency_model, args.latency_form).to_dict()
         except (OSError, ValueError) as error:
             raise ValueError(f"cannot use --latency-model {args.latency_model}: {error}") from None
-    for key, value in (("mode", args.colocation), ("latency_budget_s", _seconds(args.latency_budget_ms)),
-                       ("headroom_s", _seconds(args.headroom_ms)),
-                       ("ttft_slo_s", _seconds(args.ttft_slo_ms)), ("tpot_slo_s", _seconds(args.tpot_slo_ms)),
-                       ("idle_budget_s", _seconds(args.idle_budget_ms))):
+    for key, value in (
+        ("mode", args.colocation),
+        ("latency_budget_s", _seconds(args.latency_budget_ms)),
+        ("headroom_s", _seconds(args.headroom_ms)),
+        ("ttft_slo_s", _seconds(args.ttft_slo_ms)),
+        ("tpot_slo_s", _seconds(args.tpot_slo_ms)),
+        ("idle_budget_s", _seconds(args.idle_budget_ms)),
+    ):
         if value is not None:
             settings[key] = value
     budgeted = settings.get("latency_budget_s") is not None or settings.get("headroom_s") is not None

@@ -16,8 +16,8 @@ Kubernetes, ssh).
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from sgl_blend.launch.flags import flag_value
 
@@ -45,9 +45,19 @@ def ranks_per_node(gpus: int, tp: int) -> int:
     return gpus // tp
 
 
-def plan_launch(model: str, *, gpus: int, tp: int = 1, nodes: tuple[str, ...] = (), port: int = 30000,
-                router_port: int = 8000, batch_store: str = "", data_dir: str = "", hardware: str = "",
-                extra: tuple[str, ...] = ()) -> LaunchPlan:
+def plan_launch(
+    model: str,
+    *,
+    gpus: int,
+    tp: int = 1,
+    nodes: tuple[str, ...] = (),
+    port: int = 30000,
+    router_port: int = 8000,
+    batch_store: str = "",
+    data_dir: str = "",
+    hardware: str = "",
+    extra: tuple[str, ...] = (),
+) -> LaunchPlan:
     """``nodes`` empty: one server on this machine; else one server per named host and a router."""
     dp = ranks_per_node(gpus, tp)
     serve = ["sgl-blend", "serve", "--model", model, "--tp-size", str(tp), "--dp-size", str(dp), "--port", str(port)]
@@ -62,12 +72,21 @@ def plan_launch(model: str, *, gpus: int, tp: int = 1, nodes: tuple[str, ...] = 
         raise ValueError("several nodes share one data directory (a shared filesystem): give --data-dir")
     serve += ["--host", "0.0.0.0", "--batch-store", batch_store, "--data-dir", data_dir]
     urls = [f"http://{node}:{port}" for node in nodes]
-    steps = [(f"node {index} ({node}): {dp} DP rank(s) x TP {tp}",
-              serve + (["--batch-workers", ",".join(url for url in urls if url != own)] if len(urls) > 1 else [])
-              + list(extra))
-             for index, (node, own) in enumerate(zip(nodes, urls))]
-    steps.append(("router for online traffic (pip install 'sgl-blend[router]'); submit batches to any node",
-                  router_argv(urls, host="0.0.0.0", port=router_port, api_key=flag_value(extra, "--api-key"))))
+    steps = [
+        (
+            f"node {index} ({node}): {dp} DP rank(s) x TP {tp}",
+            serve
+            + (["--batch-workers", ",".join(url for url in urls if url != own)] if len(urls) > 1 else [])
+            + list(extra),
+        )
+        for index, (node, own) in enumerate(zip(nodes, urls))
+    ]
+    steps.append(
+        (
+            "router for online traffic (pip install 'sgl-blend[router]'); submit batches to any node",
+            router_argv(urls, host="0.0.0.0", port=router_port, api_key=flag_value(extra, "--api-key")),
+        )
+    )
     return LaunchPlan(steps)
 
 
@@ -75,6 +94,18 @@ def router_argv(worker_urls: Sequence[str], *, host: str, port: int, api_key: st
     """SGLang's router in front of ``worker_urls``, routing by prefix (its cache-aware policy, so a
     conversation's turns meet their KV cache again). It keeps trying a worker that is not up yet,
     so it may start before the servers. With the servers' ``--api-key`` it authenticates to them."""
-    argv = ["python", "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls, "--policy", ROUTER_POLICY,
-            "--host", host, "--port", str(port), *ROUTER_HEALTH_ARGS]
+    argv = [
+        "python",
+        "-m",
+        "sglang_router.launch_router",
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        ROUTER_POLICY,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *ROUTER_HEALTH_ARGS,
+    ]
     return argv + (["--api-key", api_key] if api_key else [])

@@ -66,5 +66,5 @@ def cpu_thread_binding(ranks: int, cpus: Iterable[int]) -> str:
     if ranks > len(ordered):
         return "|".join(str(ordered[rank % len(ordered)]) for rank in range(ranks))
     size = len(ordered) // ranks
-    groups = [ordered[rank * size:(rank + 1) * size] for rank in range(ranks)]
+    groups = [ordered[rank * size : (rank + 1) * size] for rank in range(ranks)]
     return "|".join(",".join(str(cpu) for cpu in group) for group in groups)

@@ -70,9 +70,15 @@ def _mount_routes(server_args: ServerArgs, settings: PluginSettings) -> None:
 
     cost_model = settings.cost_model(server_args.model_path, server_args.tp_size)
     try:
-        install(app, config, self_url=loopback_url(server_args.host, server_args.port), api_key=server_args.api_key,
-                admin_api_key=server_args.admin_api_key, assigner=PrefixAssigner(cost_model),
-                planner=LinePlanner.for_policy(settings.offline_policy, cost_model))
+        install(
+            app,
+            config,
+            self_url=loopback_url(server_args.host, server_args.port),
+            api_key=server_args.api_key,
+            admin_api_key=server_args.admin_api_key,
+            assigner=PrefixAssigner(cost_model),
+            planner=LinePlanner.for_policy(settings.offline_policy, cost_model),
+        )
     except (StoreInUse, ValueError, OSError) as error:
         sys.exit(f"error: the Batch API store cannot be opened: {error}")
 

@@ -17,9 +17,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -192,13 +193,15 @@ def refuse_busy_port(host: str, port: int) -> None:
         except OSError as error:
             if error.errno != errno.EADDRINUSE:
                 return  # an address SGLang cannot bind either: it reports that itself
-            raise PortInUse(f"port {port} on {host} is already in use: another server, perhaps one left running, "
-                            f"holds it (`ss -ltnp 'sport = :{port}'` names it); stop it or choose another --port") \
-                from None
+            raise PortInUse(
+                f"port {port} on {host} is already in use: another server, perhaps one left running, "
+                f"holds it (`ss -ltnp 'sport = :{port}'` names it); stop it or choose another --port"
+            ) from None
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float) -> None:
     with http.client(server.base_url, server.api_key, timeout=5) as client:
+
         def healthy() -> None:
             code = server.process.poll()
             if code is not None:

@@ -18,9 +18,10 @@ import asyncio
 import itertools
 import json
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import httpx
 
@@ -55,17 +56,24 @@ def latency_grid(quick: bool = False) -> list[GridPoint]:
     prefill_counts = (1, 4) if quick else (1, 2, 4)
     decoder_counts = (1, 8, 32) if quick else (1, 4, 16, 32)
     contexts = (64, 1024) if quick else (64, 256, 1024)
-    points = [GridPoint(0, 0, count, length) for count, length in itertools.product(prefill_counts, prefill_lens)
-              if count * length <= 4096]
-    points += [GridPoint(0, 0, count, length, prefix) for count, length, prefix in
-               itertools.product((1, 4), (32, 256), (512,) if quick else (256, 1024))]
+    points = [
+        GridPoint(0, 0, count, length)
+        for count, length in itertools.product(prefill_counts, prefill_lens)
+        if count * length <= 4096
+    ]
+    points += [
+        GridPoint(0, 0, count, length, prefix)
+        for count, length, prefix in itertools.product((1, 4), (32, 256), (512,) if quick else (256, 1024))
+    ]
     points += [GridPoint(count, context, 0, 0) for count, context in itertools.product(decoder_counts, contexts)]
     spread_decoders = ((8, 64, 960),) if quick else ((4, 64, 1984), (16, 64, 960), (32, 64, 448))
     points += [GridPoint(count, context, 0, 0, context_spread=spread) for count, context, spread in spread_decoders]
     mixed_decoders = ((4, 256), (16, 512), (32, 64)) if quick else ((4, 256), (8, 1024), (16, 512), (32, 64))
     mixed_prefills = ((1, 64), (1, 512), (4, 256)) if quick else ((1, 32), (1, 256), (1, 1024), (4, 256))
-    points += [GridPoint(count, context, prefills, length)
-               for (count, context), (prefills, length) in itertools.product(mixed_decoders, mixed_prefills)]
+    points += [
+        GridPoint(count, context, prefills, length)
+        for (count, context), (prefills, length) in itertools.product(mixed_decoders, mixed_prefills)
+    ]
     return points
 
 
@@ -81,8 +89,10 @@ class _Prompts:
 
 
 async def _generate(client: httpx.AsyncClient, input_ids: list[int], max_new_tokens: int) -> None:
-    body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
-                                                        "ignore_eos": True}}
+    body = {
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+    }
     response = await client.post("/generate", json=body)
     if response.status_code != 200:
         raise RuntimeError(f"/generate answered {response.status_code}: {response.text[:300]}")
@@ -92,16 +102,19 @@ async def _run_point(client: httpx.AsyncClient, point: GridPoint, prompts: _Prom
     prefix = prompts.tokens(point.prefix) if point.prefix else []
     if prefix:
         await _generate(client, prefix, 1)
-    decoders = [asyncio.create_task(_generate(client, prompts.tokens(context), DECODE_STEPS))
-                for context in point.decoder_contexts()]
+    decoders = [
+        asyncio.create_task(_generate(client, prompts.tokens(context), DECODE_STEPS))
+        for context in point.decoder_contexts()
+    ]
     if decoders:
         await asyncio.sleep(DECODER_HEAD_START_S)
     prefills = [_generate(client, prefix + prompts.tokens(point.prefill_len), 1) for _ in range(point.prefills)]
     await asyncio.gather(*prefills, *decoders)
 
 
-async def drive_grid(base_url: str, points: Sequence[GridPoint], vocab_size: int, seed: int = 0,
-                     repeats: int = 1) -> None:
+async def drive_grid(
+    base_url: str, points: Sequence[GridPoint], vocab_size: int, seed: int = 0, repeats: int = 1
+) -> None:
     prompts = _Prompts(vocab_size, seed)
     async with fresh_connections(base_url) as client:
         for _ in range(repeats):
@@ -120,10 +133,14 @@ def noise_floor(records: Sequence[dict[str, Any]], target: str = FIT_TARGET) -> 
     """The MAPE of predicting each decode-only batch by the one just before it with the same
     number of requests (one token more context each): no model of the batch's composition can
     do better, so it is the run-to-run noise of this machine. None without such pairs."""
-    errors = [abs(after[target] - before[target]) / after[target]
-              for before, after in zip(records, records[1:])
-              if before["mode"] == after["mode"] == "decode" and before["decode_reqs"] == after["decode_reqs"]
-              and after["iteration"] == before["iteration"] + 1 and after.get(target, 0) > 0]
+    errors = [
+        abs(after[target] - before[target]) / after[target]
+        for before, after in zip(records, records[1:])
+        if before["mode"] == after["mode"] == "decode"
+        and before["decode_reqs"] == after["decode_reqs"]
+        and after["iteration"] == before["iteration"] + 1
+        and after.get(target, 0) > 0
+    ]
     return float(sum(errors) / len(errors)) if errors else None
 
 
@@ -133,14 +150,22 @@ def fit_records(records: Sequence[dict[str, Any]], target: str = FIT_TARGET, see
     return fit_forms(shapes, [record[target] for record in usable], seed=seed)
 
 
-def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int = 1, seed: int = 0,
-                    sglang_args: Sequence[str] = (), cache_dir: Path | None = None) -> dict[str, Any]:
+def profile_latency(
+    model: str,
+    out: Path,
+    *,
+    quick: bool = False,
+    repeats: int = 1,
+    seed: int = 0,
+    sglang_args: Sequence[str] = (),
+    cache_dir: Path | None = None,
+) -> dict[str, Any]:
     """Start a server, run the grid ``repeats`` times, fit, and write the report to ``out``
     (and the raw per-iteration records beside it, ``<out>.records.jsonl``)."""
-    from sgl_blend.launch.flags import with_defaults
     from sgl_blend.launch.colocation import with_free_port
-    from sgl_blend.models.registry import resolve_model_path
+    from sgl_blend.launch.flags import with_defaults
     from sgl_blend.launch.supervisor import start_server
+    from sgl_blend.models.registry import resolve_model_path
     from sgl_blend.sglang_plugin.settings import ANNOTATED_CACHE, MIXED_CHUNK, OFF, PluginSettings
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -151,8 +176,7 @@ def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int 
     # Profiled on the engine co-location runs (mixed batches, the plugin's radix cache), without a pool.
     settings = PluginSettings(offline_policy=OFF, iteration_log=str(records_path))
     args = with_defaults(with_free_port(sglang_args), MIXED_CHUNK + ANNOTATED_CACHE)
-    server = start_server(model, args, cache_dir=cache_dir, log_path=out.with_suffix(".server.log"),
-                          settings=settings)
+    server = start_server(model, args, cache_dir=cache_dir, log_path=out.with_suffix(".server.log"), settings=settings)
     try:
         asyncio.run(drive_grid(server.base_url, points[:WARMUP_POINTS], vocab_size, seed))
         warmup = sum(1 for _ in read_records(records_path))
@@ -161,9 +185,16 @@ def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int 
         server.stop()
     records = list(read_records(records_path))[warmup:]
     report = fit_records(records, seed=seed)
-    result = {"model": model, "target": FIT_TARGET, "grid_points": len(points), "repeats": repeats,
-              "records": str(records_path), "noise_floor_mape": noise_floor(records), **report.to_dict(),
-              "grid": [asdict(point) for point in points]}
+    result = {
+        "model": model,
+        "target": FIT_TARGET,
+        "grid_points": len(points),
+        "repeats": repeats,
+        "records": str(records_path),
+        "noise_floor_mape": noise_floor(records),
+        **report.to_dict(),
+        "grid": [asdict(point) for point in points],
+    }
     out.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -171,18 +202,23 @@ def profile_latency(model: str, out: Path, *, quick: bool = False, repeats: int 
 def format_report(result: dict[str, Any]) -> str:
     """The table `sgl-blend profile --latency` prints: each form's MAPE overall and, held out,
     per batch kind (a report written before those were kept shows dashes)."""
-    lines = [f"{'form':<6} {'train MAPE':>11} {'held-out MAPE':>14}   held out: "
-             + " ".join(f"{kind:>8}" for kind in BATCH_KINDS)]
+    lines = [
+        f"{'form':<6} {'train MAPE':>11} {'held-out MAPE':>14}   held out: "
+        + " ".join(f"{kind:>8}" for kind in BATCH_KINDS)
+    ]
     for form, fitted in result["forms"].items():
         by_kind = fitted.get("holdout_mape_by_kind", {})
         kinds = " ".join(f"{by_kind[kind] * 100:>7.2f}%" if kind in by_kind else f"{'-':>8}" for kind in BATCH_KINDS)
-        lines.append(f"{form:<6} {fitted['train_mape'] * 100:>10.2f}% {fitted['holdout_mape'] * 100:>13.2f}%"
-                     f"             {kinds}")
+        lines.append(
+            f"{form:<6} {fitted['train_mape'] * 100:>10.2f}% {fitted['holdout_mape'] * 100:>13.2f}%             {kinds}"
+        )
     for form, error in result.get("errors", {}).items():
         lines.append(f"{form:<6} not fitted: {error}")
-    lines.append(f"{result['train_batches']} training and {result['holdout_batches']} held-out batches; "
-                 f"best: {result['best']}")
+    lines.append(
+        f"{result['train_batches']} training and {result['holdout_batches']} held-out batches; best: {result['best']}"
+    )
     if result.get("noise_floor_mape") is not None:
-        lines.append(f"noise floor (consecutive decode batches of the same size): "
-                     f"{result['noise_floor_mape'] * 100:.2f}% MAPE")
+        lines.append(
+            f"noise floor (consecutive decode batches of the same size): {result['noise_floor_mape'] * 100:.2f}% MAPE"
+        )
     return "\n".join(lines)

@@ -17,15 +17,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import httpx
 
+from sgl_blend.batch_lines.lines import BatchLine
 from sgl_blend.client import http
 from sgl_blend.core.request_timing import RequestTiming, summarize  # noqa: F401 (re-exported)
-from sgl_blend.batch_lines.lines import BatchLine
 from sgl_blend.offline import offline_headers
 
 OFFLINE_JOB = "colocation-load"
@@ -55,16 +55,22 @@ def load_trace(path: Path) -> list[OnlineRequest]:
                 record = json.loads(text)
                 requests.append(OnlineRequest(float(record["t"]), str(record["prompt"]), int(record["max_tokens"])))
             except (ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"{path}:{number}: not a trace line ({error!r}); expected "
-                                 '{"t": seconds, "prompt": text, "max_tokens": n}') from None
+                raise ValueError(
+                    f"{path}:{number}: not a trace line ({error!r}); expected "
+                    '{"t": seconds, "prompt": text, "max_tokens": n}'
+                ) from None
     return sorted(requests, key=lambda request: request.t)
 
 
-async def _stream_one(client: httpx.AsyncClient, request: OnlineRequest, timing: RequestTiming,
-                      priority: int | None) -> None:
-    body = {"text": request.prompt, "stream": True,
-            "sampling_params": {"max_new_tokens": request.max_tokens, "temperature": 0, "ignore_eos": True},
-            **({"priority": priority} if priority is not None else {})}
+async def _stream_one(
+    client: httpx.AsyncClient, request: OnlineRequest, timing: RequestTiming, priority: int | None
+) -> None:
+    body = {
+        "text": request.prompt,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": request.max_tokens, "temperature": 0, "ignore_eos": True},
+        **({"priority": priority} if priority is not None else {}),
+    }
     last = timing.sent_at
     try:
         async with client.stream("POST", "/generate", json=body) as response:
@@ -113,8 +119,15 @@ async def replay(base_url: str, trace: Sequence[OnlineRequest], priority: int | 
 class OfflineLoad:
     """Offline requests from batch lines, sent as offline work, closed loop or at a fixed rate."""
 
-    def __init__(self, base_url: str, lines: Sequence[BatchLine], *, concurrency: int = 64,
-                 rate_per_s: float | None = None, priority: int | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        lines: Sequence[BatchLine],
+        *,
+        concurrency: int = 64,
+        rate_per_s: float | None = None,
+        priority: int | None = None,
+    ) -> None:
         if not lines:
             raise ValueError("the offline load needs at least one batch line")
         self.base_url = base_url
@@ -174,9 +187,13 @@ class OfflineLoad:
         return sum(tokens for at, tokens in self.completions if start <= at < end)
 
 
-async def replay_with_offline(base_url: str, trace: Sequence[OnlineRequest], offline: OfflineLoad | None,
-                              warmup_s: float = 2.0, priority: int | None = None,
-                              ) -> tuple[list[RequestTiming], dict[str, float]]:
+async def replay_with_offline(
+    base_url: str,
+    trace: Sequence[OnlineRequest],
+    offline: OfflineLoad | None,
+    warmup_s: float = 2.0,
+    priority: int | None = None,
+) -> tuple[list[RequestTiming], dict[str, float]]:
     """Replay ``trace`` while ``offline`` keeps the engine busy; returns the online timings and the
     offline output throughput over the replay window."""
     if offline is not None:
@@ -190,5 +207,9 @@ async def replay_with_offline(base_url: str, trace: Sequence[OnlineRequest], off
         if offline is not None:
             await offline.stop()
     tokens = offline.tokens_between(start, end) if offline is not None else 0
-    return timings, {"offline_tokens": tokens, "offline_tokens_per_s": tokens / max(end - start, 1e-9),
-                     "window_s": end - start, "start": start}
+    return timings, {
+        "offline_tokens": tokens,
+        "offline_tokens_per_s": tokens / max(end - start, 1e-9),
+        "window_s": end - start,
+        "start": start,
+    }

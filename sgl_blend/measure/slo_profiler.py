@@ -10,11 +10,12 @@ an offline load keeps the engine busy, then checks every SLO (`core.slo_search`)
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from sgl_blend.client import http
 from sgl_blend.batch_lines.lines import BatchLine
+from sgl_blend.client import http
 from sgl_blend.core.request_timing import summarize
 from sgl_blend.core.slo_search import SLO, SearchResult, search_budget
 from sgl_blend.measure.online_replay import OfflineLoad, OnlineRequest, replay_with_offline
@@ -25,8 +26,12 @@ BASELINE = "baseline"
 def set_colocation(base_url: str, changes: dict[str, float | None], api_key: str | None = None) -> None:
     """Apply numeric co-location settings on a running server (None clears the latency budget);
     raise if the scheduler rejects them."""
-    settings = {(f"sgl_blend_{key}" if value is not None else "sgl_blend_clear_latency_budget"):
-                (value if value is not None else 1) for key, value in changes.items()}
+    settings = {
+        (f"sgl_blend_{key}" if value is not None else "sgl_blend_clear_latency_budget"): (
+            value if value is not None else 1
+        )
+        for key, value in changes.items()
+    }
     with http.client(base_url, api_key) as client:
         response = client.post("/set_internal_state", json={"server_args": settings})
     response.raise_for_status()
@@ -36,8 +41,9 @@ def set_colocation(base_url: str, changes: dict[str, float | None], api_key: str
         raise RuntimeError(f"the server rejected co-location settings {changes} (see its log): {answer}")
 
 
-def measure(base_url: str, trace: Sequence[OnlineRequest], offline_lines: Sequence[BatchLine] | None,
-            concurrency: int) -> dict[str, float]:
+def measure(
+    base_url: str, trace: Sequence[OnlineRequest], offline_lines: Sequence[BatchLine] | None, concurrency: int
+) -> dict[str, float]:
     async def run() -> dict[str, float]:
         offline = OfflineLoad(base_url, offline_lines, concurrency=concurrency) if offline_lines else None
         timings, throughput = await replay_with_offline(base_url, trace, offline)
@@ -62,9 +68,20 @@ def resolve_slos(requested: dict[str, str], baseline: Callable[[], dict[str, flo
     return slos, measured
 
 
-def tune_budget(base_url: str, trace: Sequence[OnlineRequest], offline_lines: Sequence[BatchLine],
-                requested: dict[str, str], latency_model: dict[str, Any], *, tolerance: float, low_s: float,
-                high_s: float, steps: int, concurrency: int = 64, api_key: str | None = None) -> dict[str, Any]:
+def tune_budget(
+    base_url: str,
+    trace: Sequence[OnlineRequest],
+    offline_lines: Sequence[BatchLine],
+    requested: dict[str, str],
+    latency_model: dict[str, Any],
+    *,
+    tolerance: float,
+    low_s: float,
+    high_s: float,
+    steps: int,
+    concurrency: int = 64,
+    api_key: str | None = None,
+) -> dict[str, Any]:
     """The search, end to end; returns what `tune-slo` stores (``latency_budget_s`` None if even
     ``low_s`` misses an SLO)."""
     slos, measured = resolve_slos(requested, lambda: measure(base_url, trace, None, concurrency))

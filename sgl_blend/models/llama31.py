@@ -8,8 +8,9 @@ share the tokenizer, vocabulary and 131,072-token context.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 _COMMON: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -23,14 +24,18 @@ _COMMON: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
-LLAMA_31_8B = MappingProxyType({**_COMMON, "num_hidden_layers": 32, "hidden_size": 4096,
-                                "intermediate_size": 14336, "num_attention_heads": 32})
-LLAMA_31_70B = MappingProxyType({**_COMMON, "num_hidden_layers": 80, "hidden_size": 8192,
-                                 "intermediate_size": 28672, "num_attention_heads": 64})
+LLAMA_31_8B = MappingProxyType(
+    {**_COMMON, "num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32}
+)
+LLAMA_31_70B = MappingProxyType(
+    {**_COMMON, "num_hidden_layers": 80, "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64}
+)
 
 # The names `sgl-blend serve --emulate DEVICE --model NAME` accepts; the same names as the cost
 # model's built-in `ModelSpec`s, so an emulated run and `sgl-blend sim --model NAME` price alike.
-EMULATION_MODELS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    "llama-3.1-8b": LLAMA_31_8B,
-    "llama-3.1-70b": LLAMA_31_70B,
-})
+EMULATION_MODELS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "llama-3.1-8b": LLAMA_31_8B,
+        "llama-3.1-70b": LLAMA_31_70B,
+    }
+)

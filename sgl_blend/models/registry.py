@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 CACHE_ENV = "SGLBLEND_CACHE_DIR"
 _MARKER = ".sgl-blend-model"

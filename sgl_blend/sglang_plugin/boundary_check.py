@@ -30,11 +30,19 @@ import importlib.metadata
 import inspect
 import os
 import pkgutil
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from sgl_blend.sglang_plugin.sglang_boundary import (
-    CALLS, HOOKS, NAMES, SUPPORTED_VERSION, SURFACES, Call, Hook, Surface,
+    CALLS,
+    HOOKS,
+    NAMES,
+    SUPPORTED_VERSION,
+    SURFACES,
+    Call,
+    Hook,
+    Surface,
 )
 
 # Test-only: one more dotted name the check requires, so a test can watch a real server refuse.
@@ -53,18 +61,26 @@ def installed_version() -> str | None:
         return None
 
 
-def check_boundary(version: str | None = None, *, names: Mapping[str, str] = NAMES, hooks: Sequence[Hook] = HOOKS,
-                   calls: Sequence[Call] = CALLS, surfaces: Sequence[Surface] = SURFACES,
-                   targets: Iterable[str] = ()) -> list[str]:
+def check_boundary(
+    version: str | None = None,
+    *,
+    names: Mapping[str, str] = NAMES,
+    hooks: Sequence[Hook] = HOOKS,
+    calls: Sequence[Call] = CALLS,
+    surfaces: Sequence[Surface] = SURFACES,
+    targets: Iterable[str] = (),
+) -> list[str]:
     """What this SGLang lacks of the declared boundary, one line each (empty: nothing).
     ``version`` stands in for the installed version; ``targets`` are more dotted names to require."""
     version = version or installed_version()
     if version is None:
         return [f"sglang is not installed (sgl-blend needs sglang=={SUPPORTED_VERSION})"]
-    problems = [] if version == SUPPORTED_VERSION else [
-        f"sglang {version} is installed; sgl-blend supports sglang=={SUPPORTED_VERSION} only"]
-    problems += [f"{path} (imported as {name}) {why}" for name, path in names.items()
-                 if (why := _unresolved(path))]
+    problems = (
+        []
+        if version == SUPPORTED_VERSION
+        else [f"sglang {version} is installed; sgl-blend supports sglang=={SUPPORTED_VERSION} only"]
+    )
+    problems += [f"{path} (imported as {name}) {why}" for name, path in names.items() if (why := _unresolved(path))]
     problems += [f"{path} (required) {why}" for path in targets if (why := _unresolved(path))]
     for hook in hooks:
         problems += _call_problems(hook.target, hook.params, f"{hook.kind} hook: {hook.why}")
@@ -77,9 +93,11 @@ def check_boundary(version: str | None = None, *, names: Mapping[str, str] = NAM
 
 def refusal(problems: Sequence[str]) -> str:
     listed = "\n".join(f"  - {problem}" for problem in problems)
-    return (f"sgl-blend refuses to start: the installed SGLang does not match the internals the plugin uses "
-            f"(sgl_blend/sglang_plugin/sglang_boundary.py):\n{listed}\n"
-            f"Install sglang=={SUPPORTED_VERSION}, the release sgl-blend is built against.")
+    return (
+        f"sgl-blend refuses to start: the installed SGLang does not match the internals the plugin uses "
+        f"(sgl_blend/sglang_plugin/sglang_boundary.py):\n{listed}\n"
+        f"Install sglang=={SUPPORTED_VERSION}, the release sgl-blend is built against."
+    )
 
 
 def require_boundary(environ: Mapping[str, str] = os.environ) -> None:
@@ -120,10 +138,15 @@ def _surface_problems(surface: Surface) -> list[str]:
     cls = _resolve(surface.cls)
     if cls is _MISSING or not isinstance(cls, type):
         return [f"{surface.cls} ({surface.why}) does not exist"]
-    return ([f"{surface.cls} ({surface.why}) has no attribute {name!r}"
-             for name in surface.attrs.split() if not _has_attribute(cls, name)]
-            + [f"{surface.cls} now has {name!r}, which the plugin sets for its own use"
-               for name in surface.owned.split() if _has_attribute(cls, name)])
+    return [
+        f"{surface.cls} ({surface.why}) has no attribute {name!r}"
+        for name in surface.attrs.split()
+        if not _has_attribute(cls, name)
+    ] + [
+        f"{surface.cls} now has {name!r}, which the plugin sets for its own use"
+        for name in surface.owned.split()
+        if _has_attribute(cls, name)
+    ]
 
 
 def _has_attribute(cls: type, name: str) -> bool:
@@ -138,8 +161,9 @@ def _declared(klass: type) -> frozenset[str]:
     """Instance attributes the class itself declares or assigns."""
     own = vars(klass)
     slots = own.get("__slots__", ())
-    return frozenset({*own.get("__annotations__", {}), *([slots] if isinstance(slots, str) else slots),
-                      *_assigned_on_self(klass)})
+    return frozenset(
+        {*own.get("__annotations__", {}), *([slots] if isinstance(slots, str) else slots), *_assigned_on_self(klass)}
+    )
 
 
 def _assigned_on_self(klass: type) -> set[str]:
@@ -152,9 +176,14 @@ def _assigned_on_self(klass: type) -> set[str]:
         if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args:
             continue
         this = method.args.args[0].arg
-        found.update(target.attr for target in ast.walk(method)
-                     if isinstance(target, ast.Attribute) and isinstance(target.ctx, ast.Store)
-                     and isinstance(target.value, ast.Name) and target.value.id == this)
+        found.update(
+            target.attr
+            for target in ast.walk(method)
+            if isinstance(target, ast.Attribute)
+            and isinstance(target.ctx, ast.Store)
+            and isinstance(target.value, ast.Name)
+            and target.value.id == this
+        )
     return found
 
 

@@ -33,7 +33,8 @@ that this does not rebuild, so their requests are never held (`holdable`).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
 
@@ -45,8 +46,14 @@ def resident_tokens(req: Any) -> int:
 
 
 def holdable(scheduler: Any, req: Any) -> bool:
-    return (scheduler.spec_algorithm.is_none() and not scheduler.model_config.is_encoder_decoder
-            and req.beam_group is None and not req.finished() and req.kv.holds_kv and req is not scheduler.chunked_req)
+    return (
+        scheduler.spec_algorithm.is_none()
+        and not scheduler.model_config.is_encoder_decoder
+        and req.beam_group is None
+        and not req.finished()
+        and req.kv.holds_kv
+        and req is not scheduler.chunked_req
+    )
 
 
 def in_flight(scheduler: Any) -> set[int]:
@@ -102,8 +109,12 @@ class HeldDecodes:
     def resumable(self, scheduler: Any, req: Any) -> bool:
         """Whether ``req`` can be put back now: held, unfinished, no result of it in flight, and
         every token it has computed resident (`kv_checkpoint` may have copied some to host)."""
-        return (self.holds(req) and not req.finished() and id(req) not in in_flight(scheduler)
-                and req.kv.kv_committed_len == len(req.origin_input_ids) + len(req.output_ids) - 1)
+        return (
+            self.holds(req)
+            and not req.finished()
+            and id(req) not in in_flight(scheduler)
+            and req.kv.kv_committed_len == len(req.origin_input_ids) + len(req.output_ids) - 1
+        )
 
     def resume(self, scheduler: Any, running_batch: Any, reqs: Iterable[Any]) -> Any:
         """Put ``reqs`` back into the running batch; returns the running batch to use (a new one
@@ -173,11 +184,15 @@ def _request_batch(scheduler: Any, req: Any) -> Any:
     import torch
 
     device = scheduler.device
-    batch = sgl.ScheduleBatch.init_new(reqs=[req], req_to_token_pool=scheduler.req_to_token_pool,
-                                       token_to_kv_pool_allocator=scheduler.token_to_kv_pool_allocator,
-                                       tree_cache=scheduler.tree_cache, model_config=scheduler.model_config,
-                                       enable_overlap=scheduler.enable_overlap,
-                                       spec_algorithm=scheduler.spec_algorithm)
+    batch = sgl.ScheduleBatch.init_new(
+        reqs=[req],
+        req_to_token_pool=scheduler.req_to_token_pool,
+        token_to_kv_pool_allocator=scheduler.token_to_kv_pool_allocator,
+        tree_cache=scheduler.tree_cache,
+        model_config=scheduler.model_config,
+        enable_overlap=scheduler.enable_overlap,
+        spec_algorithm=scheduler.spec_algorithm,
+    )
     seq_len = int(req.kv.kv_committed_len)
     batch.req_pool_indices = torch.tensor([req.kv.req_pool_idx], dtype=torch.int64, device=device)
     batch.req_pool_indices_cpu = torch.tensor([req.kv.req_pool_idx], dtype=torch.int64)

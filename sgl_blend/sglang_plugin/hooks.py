@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.internal_state import register_internal_state_hooks
@@ -41,8 +42,10 @@ def register_hooks(runtime: PluginRuntime) -> None:
     decode_batch = sgl.argument(sgl.UPDATE_RUNNING_BATCH, "batch")
     forward_batch = sgl.argument(sgl.RUN_BATCH, "batch")
     result_batch = sgl.argument(sgl.PROCESS_BATCH_RESULT, "batch")
-    queued_req, retracted = sgl.argument(sgl.ADD_REQUEST_TO_QUEUE, "req"), sgl.argument(sgl.ADD_REQUEST_TO_QUEUE,
-                                                                                        "is_retracted")
+    queued_req, retracted = (
+        sgl.argument(sgl.ADD_REQUEST_TO_QUEUE, "req"),
+        sgl.argument(sgl.ADD_REQUEST_TO_QUEUE, "is_retracted"),
+    )
     abort_req = sgl.argument(sgl.ABORT_REQUEST, "recv_req")
 
     def calc_priority(original: Callable, *args: Any, **kwargs: Any) -> Any:

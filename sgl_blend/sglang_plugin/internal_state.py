@@ -10,7 +10,8 @@ and the SLO profiler moves the latency budget of a running server.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.runtime import PluginRuntime
@@ -20,8 +21,17 @@ STATE_KEY = "sgl_blend"
 SETTING_PREFIX = "sgl_blend_"
 RESET_RECORDS = "reset_records"
 CLEAR_BUDGET = "clear_latency_budget"
-NUMERIC_SETTINGS = ("latency_budget_s", "headroom_s", "ttft_slo_s", "tpot_slo_s", "idle_budget_s", "reserve_sigmas",
-                    "reserve_window_s", "min_offline_chunk", "calibration_alpha")
+NUMERIC_SETTINGS = (
+    "latency_budget_s",
+    "headroom_s",
+    "ttft_slo_s",
+    "tpot_slo_s",
+    "idle_budget_s",
+    "reserve_sigmas",
+    "reserve_window_s",
+    "min_offline_chunk",
+    "calibration_alpha",
+)
 Handler = tuple[Callable[[str, Any], None], Callable[[str, Any], None]]
 
 
@@ -33,7 +43,7 @@ def update_handlers(runtime: PluginRuntime) -> dict[str, Handler]:
     are launch settings."""
 
     def change(key: str, value: Any) -> dict[str, Any]:
-        field = key[len(SETTING_PREFIX):]
+        field = key[len(SETTING_PREFIX) :]
         if field == CLEAR_BUDGET:
             return {"latency_budget_s": None}
         return {field: int(value) if field == "min_offline_chunk" else float(value)}
@@ -51,8 +61,9 @@ def update_handlers(runtime: PluginRuntime) -> dict[str, Handler]:
     def reset(_key: str, _value: Any) -> None:
         runtime.reset_records()
 
-    handlers: dict[str, Handler] = {SETTING_PREFIX + field: (validate, apply)
-                                    for field in (*NUMERIC_SETTINGS, CLEAR_BUDGET)}
+    handlers: dict[str, Handler] = {
+        SETTING_PREFIX + field: (validate, apply) for field in (*NUMERIC_SETTINGS, CLEAR_BUDGET)
+    }
     handlers[SETTING_PREFIX + RESET_RECORDS] = (lambda _key, _value: None, reset)
     return handlers
 

@@ -33,8 +33,11 @@ def batch_composition(batch: Any) -> tuple[BatchShape, dict[str, int]]:
     counts = {"online_prefill": 0, "online_decode": 0, "offline_prefill": 0, "offline_decode": 0}
     reqs = batch.reqs
     if batch.forward_mode.is_decode():
-        seq_lens = batch.seq_lens_cpu.tolist() if batch.seq_lens_cpu is not None else \
-            [len(req.origin_input_ids) + len(req.output_ids) for req in reqs]
+        seq_lens = (
+            batch.seq_lens_cpu.tolist()
+            if batch.seq_lens_cpu is not None
+            else [len(req.origin_input_ids) + len(req.output_ids) for req in reqs]
+        )
         offline = sum(1 for req in reqs if is_offline(req.routing_key))
         counts["offline_decode"], counts["online_decode"] = offline, len(reqs) - offline
         return BatchShape.of((), [int(context) for context in seq_lens]), counts
@@ -81,8 +84,13 @@ class IterationRecorder:
     def begin(self, batch: Any, iteration: int) -> None:
         """Before the forward; ``iteration`` is the number SGLang is about to give the batch."""
         shape, counts = batch_composition(batch)
-        record: dict[str, Any] = {"iteration": iteration, "mode": batch.forward_mode.name.lower(),
-                                  **shape.to_dict(), **counts, **self.plan_summary}
+        record: dict[str, Any] = {
+            "iteration": iteration,
+            "mode": batch.forward_mode.name.lower(),
+            **shape.to_dict(),
+            **counts,
+            **self.plan_summary,
+        }
         admitted = []
         decoding = {id(req) for req in (batch.decoding_reqs or ())}
         for req in batch.reqs:

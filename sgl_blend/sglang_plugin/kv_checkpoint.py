@@ -34,8 +34,9 @@ is kept here on SGLang's own free list.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.held_decodes import resident_tokens
@@ -55,15 +56,23 @@ class KVCheckpoint:
 
     def __init__(self) -> None:
         self._table: dict[str, list[_Take]] = {}
-        self.counts = {"checkpoints": 0, "checkpointed_tokens": 0, "restores": 0, "restored_tokens": 0,
-                       "discarded_tokens": 0}
+        self.counts = {
+            "checkpoints": 0,
+            "checkpointed_tokens": 0,
+            "restores": 0,
+            "restored_tokens": 0,
+            "discarded_tokens": 0,
+        }
 
     def host_tokens(self, rid: str) -> int:
         return sum(take.tokens for take in self._table.get(rid, ()))
 
     def snapshot(self) -> dict[str, Any]:
-        return {"host_tokens": sum(self.host_tokens(rid) for rid in self._table), "checkpointed_now": len(self._table),
-                **self.counts}
+        return {
+            "host_tokens": sum(self.host_tokens(rid) for rid in self._table),
+            "checkpointed_now": len(self._table),
+            **self.counts,
+        }
 
     def take(self, scheduler: Any, req: Any, tokens: int) -> int:
         """Copy ``req``'s newest ``tokens`` (at most what it may give) to host and free their slots;
@@ -105,7 +114,7 @@ class KVCheckpoint:
         start = int(req.kv.kv_committed_len)
         for take in takes:
             offset = take.first - start
-            allocator.load_cpu_copy(take.saved, slots[offset:offset + take.tokens])
+            allocator.load_cpu_copy(take.saved, slots[offset : offset + take.tokens])
         scheduler.req_to_token_pool.write((req.kv.req_pool_idx, slice(start, start + count)), slots.to(torch.int32))
         req.kv.kv_committed_len += count
         req.kv.kv_allocated_len += count

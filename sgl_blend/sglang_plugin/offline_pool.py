@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.core.policy_log import RecordedPolicy
@@ -74,8 +75,14 @@ class OfflinePool:
     priorities. ``record_calls`` keeps every call on the policy (see `RecordedPolicy`), for
     replaying a run through the simulator's policy driver."""
 
-    def __init__(self, policy: AdmissionPolicy, policy_name: str, kv_capacity: int,
-                 reusers: ReuserIndex | None = None, record_calls: bool = False) -> None:
+    def __init__(
+        self,
+        policy: AdmissionPolicy,
+        policy_name: str,
+        kv_capacity: int,
+        reusers: ReuserIndex | None = None,
+        record_calls: bool = False,
+    ) -> None:
         self.policy = RecordedPolicy(policy) if record_calls else policy
         self.reusers = reusers
         self.policy_name = policy_name
@@ -92,11 +99,12 @@ class OfflinePool:
 
     def order_waiting_queue(self, waiting_queue: list, free_kv_tokens: int) -> None:
         """Reorder SGLang's waiting queue in place: online first, then the policy's proposal."""
-        online, offline = [], []
+        online: list[SchedulerReq] = []
+        offline: list[SchedulerReq] = []
         for req in waiting_queue:
             (offline if is_offline(req.routing_key) else online).append(req)
-        for tracked in self._proposal:
-            tracked.proposed = False
+        for previous in self._proposal:
+            previous.proposed = False
         self._proposal = []
         if not offline:
             return
@@ -126,8 +134,9 @@ class OfflinePool:
                 tracked.status = Status.PENDING
                 self.policy.preempted(req.rid)
                 self.counts["preempted"] += 1
-        gone = [rid for rid, tracked in self._tracked.items()
-                if tracked.status is Status.PENDING and rid not in present]
+        gone = [
+            rid for rid, tracked in self._tracked.items() if tracked.status is Status.PENDING and rid not in present
+        ]
         for rid in gone:
             del self._tracked[rid]
             self.policy.withdraw(rid)
@@ -161,12 +170,20 @@ class OfflinePool:
             self.policy.admitted([req.rid])
             self.counts["admitted"] += 1
             placement = placement_of(req.routing_key)
-            self.admissions.append([self._iteration, req.rid, self.policy.admission_side(req.rid),
-                                    placement.position if placement else None,
-                                    int(getattr(req, "extend_len", 0) or 0), self.prefill_cap])
+            self.admissions.append(
+                [
+                    self._iteration,
+                    req.rid,
+                    self.policy.admission_side(req.rid),
+                    placement.position if placement else None,
+                    int(getattr(req, "extend_len", 0) or 0),
+                    self.prefill_cap,
+                ]
+            )
             annotate = getattr(tree_cache, "annotate_path", None)
-            if annotate is not None and annotation is not None and getattr(req, "last_node", None) is not None:
-                self.counts["annotated_nodes"] += annotate(req.last_node, *annotation)
+            last_node = getattr(req, "last_node", None)
+            if annotate is not None and annotation is not None and last_node is not None:
+                self.counts["annotated_nodes"] += annotate(last_node, *annotation)
 
     def on_batch_result(self, reqs: Iterable[SchedulerReq]) -> None:
         """Report progress and completions, and record which scan sides share this batch."""

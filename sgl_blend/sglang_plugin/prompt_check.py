@@ -31,8 +31,11 @@ class PromptCheck:
         self.checked += 1
         if prompt_digest(req.origin_input_ids) != placement.prompt:
             self.mismatched += 1
-            logger.warning("offline request %s runs %d prompt tokens other than those its plan was made on",
-                           req.rid, len(req.origin_input_ids))
+            logger.warning(
+                "offline request %s runs %d prompt tokens other than those its plan was made on",
+                req.rid,
+                len(req.origin_input_ids),
+            )
 
     def snapshot(self) -> dict[str, int]:
         return {"checked": self.checked, "mismatched": self.mismatched}

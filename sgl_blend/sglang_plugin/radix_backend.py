@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sgl_blend.core.kv_priority import RUNNING_ONLINE, ReuserIndex, kv_priority
 from sgl_blend.offline import is_offline
@@ -65,7 +66,7 @@ def path_head(node: Any) -> array:
         parts = [node.key.token_ids[:1]]
         ancestor = node.parent
         while ancestor is not None and ancestor.parent is not None:
-            parts.append(ancestor.key.token_ids[:len(ancestor.key)])
+            parts.append(ancestor.key.token_ids[: len(ancestor.key)])
             ancestor = ancestor.parent
         head = array("q")
         for part in reversed(parts):
@@ -90,8 +91,11 @@ def pending_reusers(node: Any, index: ReuserIndex) -> int:
 def echo_node_priority(node: Any, index: ReuserIndex | None) -> float:
     if node.lock_ref > 0:
         return RUNNING_ONLINE
-    return kv_priority(running_online=False, pending_reusers=pending_reusers(node, index) if index is not None else 0,
-                       left_by_online=getattr(node, "blend_online", False))
+    return kv_priority(
+        running_online=False,
+        pending_reusers=pending_reusers(node, index) if index is not None else 0,
+        left_by_online=getattr(node, "blend_online", False),
+    )
 
 
 def build_cache(params: Any, reusers: ReuserSource | None) -> Any:

@@ -20,7 +20,7 @@ from sgl_blend.core.prefill_room import prefill_room
 from sgl_blend.core.psm_policy import PSMPolicy, make_offline_policy
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
-from sgl_blend.sglang_plugin.guard import guarded
+from sgl_blend.sglang_plugin.guard import guarded, live
 from sgl_blend.sglang_plugin.iteration_log import IterationRecorder
 from sgl_blend.sglang_plugin.modes import make_mode
 from sgl_blend.sglang_plugin.modes.base import free_kv_tokens
@@ -73,15 +73,21 @@ class PluginRuntime:
         server_args = sgl.get_server_args()
         model = settings.priced_model(server_args.model_path)
         name = settings.offline_policy
-        options = {"utility": settings.psm_utility} if name == PSMPolicy.name and settings.psm_utility is not None else {}
+        options = (
+            {"utility": settings.psm_utility} if name == PSMPolicy.name and settings.psm_utility is not None else {}
+        )
         # SGLang's overlap scheduler (its default) caches a forward's prefix two processed results
         # after its admission: held one result, DFS on the emulated H100 computed MMLU's few-shot
         # prefixes again (trace1, 4,000 lines: 0.35M cached prompt tokens; held two, 0.87-0.97M).
         options["batches_in_flight"] = 1 if server_args.disable_overlap_schedule else 2
         reusers = ReuserIndex() if self.mode.kv_priorities else None
-        return OfflinePool(make_offline_policy(name, model, settings.device(server_args.tp_size), **options), name,
-                           int(tree_cache.token_to_kv_pool_allocator.size), reusers,
-                           record_calls=settings.record_policy_calls)
+        return OfflinePool(
+            make_offline_policy(name, model, settings.device(server_args.tp_size), **options),
+            name,
+            int(tree_cache.token_to_kv_pool_allocator.size),
+            reusers,
+            record_calls=settings.record_policy_calls,
+        )
 
     def order_waiting_queue(self, waiting_queue: list, tree_cache: Any) -> None:
         """After SGLang's own ordering: online first, offline work in the policy's order, then the
@@ -97,17 +103,17 @@ class PluginRuntime:
 
     @guarded("pool", POOL_FAILED)
     def _order(self, waiting_queue: list, tree_cache: Any) -> None:
-        self.pool.order_waiting_queue(waiting_queue, free_kv_tokens(tree_cache))
+        live(self.pool).order_waiting_queue(waiting_queue, free_kv_tokens(tree_cache))
 
     @guarded("pool", POOL_FAILED)
     def cap_prefill(self, adder: Any, chunk: int | None, decodes: int) -> None:
         """Apply the policy's per-iteration prefill budget (Alg. 3's ``C_L + C_R``) to SGLang's
         chunk, by the rule the simulator uses (`prefill_room`)."""
-        budget = self.pool.prefill_budget()
+        budget = live(self.pool).prefill_budget()
         if chunk is not None and budget is not None and adder.rem_chunk_tokens > 0:
             adder.rem_chunk_tokens = prefill_room(chunk, decodes, budget)
             adder.rem_input_tokens = min(adder.rem_input_tokens, adder.rem_chunk_tokens)
-        self.pool.prefill_cap = adder.rem_chunk_tokens
+        live(self.pool).prefill_cap = adder.rem_chunk_tokens
 
     def may_admit(self, req: Any) -> bool | None:
         """The mode's word first, then the pool's (None: nobody objects)."""
@@ -116,11 +122,11 @@ class PluginRuntime:
 
     @guarded("pool", POOL_FAILED)
     def _pool_may_admit(self, req: Any) -> bool:
-        return self.pool.may_admit(req)
+        return live(self.pool).may_admit(req)
 
     @guarded("pool", POOL_FAILED)
     def admitted(self, req: Any, tree_cache: Any) -> None:
-        self.pool.on_admitted(req, tree_cache)
+        live(self.pool).on_admitted(req, tree_cache)
 
     def note_arrival(self, scheduler: Any, req: Any) -> None:
         """A request entered the waiting queue for the first time (not a retracted one coming back)."""
@@ -162,20 +168,20 @@ class PluginRuntime:
 
     @guarded("pool", POOL_FAILED)
     def _report_batch(self, reqs: list) -> None:
-        self.pool.on_batch_result(reqs)
+        live(self.pool).on_batch_result(reqs)
 
     @guarded("recorder", RECORD_FAILED)
     def _record_arrival(self, scheduler: Any, req: Any) -> None:
-        self.recorder.arrived(req.rid, int(scheduler.forward_ct))
+        live(self.recorder).arrived(req.rid, int(scheduler.forward_ct))
 
     @guarded("recorder", RECORD_FAILED)
     def _record_plan(self, summary: dict[str, Any] | None) -> None:
-        self.recorder.plan_summary = summary or {}
+        live(self.recorder).plan_summary = summary or {}
 
     @guarded("recorder", RECORD_FAILED)
     def _record_begin(self, scheduler: Any, batch: Any) -> None:
-        self.recorder.begin(batch, int(scheduler.forward_ct) + 1)
+        live(self.recorder).begin(batch, int(scheduler.forward_ct) + 1)
 
     @guarded("recorder", RECORD_FAILED)
     def _record_forward(self) -> dict[str, Any] | None:
-        return self.recorder.forward_done()
+        return live(self.recorder).forward_done()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec, model_spec
@@ -71,8 +72,9 @@ class PluginSettings:
             if value is not None and not (isinstance(value, str) and value):
                 raise SettingsError(f"{name} must be a non-empty string or null, got {value!r}")
         utility = self.psm_utility
-        if utility is not None and not (isinstance(utility, (int, float)) and not isinstance(utility, bool)
-                                        and 0.0 <= utility <= 1.0):
+        if utility is not None and not (
+            isinstance(utility, (int, float)) and not isinstance(utility, bool) and 0.0 <= utility <= 1.0
+        ):
             raise SettingsError(f"psm_utility must be a number in [0, 1] or null, got {utility!r}")
         if not isinstance(self.record_policy_calls, bool):
             raise SettingsError(f"record_policy_calls must be true or false, got {self.record_policy_calls!r}")

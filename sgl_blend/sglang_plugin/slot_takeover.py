@@ -13,7 +13,8 @@ host (`kv_checkpoint`). SGLang's adder and decode check then decide as they alwa
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sgl_blend.core.bros.takeover import plan_takeover
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
@@ -36,8 +37,14 @@ def admission_shortfall(adder: Any, req: Any) -> int:
     paged = adder.ceil_paged_tokens(extend) + adder.per_req_token_overhead
     current = adder.cur_rem_tokens
     need = paged - min(current, adder.rem_total_tokens)
-    states = sorted((state for other in [req, *adder.running_batch.reqs, *adder.can_run_list]
-                     if (state := _decode_state(adder, other)) is not None), key=lambda state: state[0])
+    states = sorted(
+        (
+            state
+            for other in [req, *adder.running_batch.reqs, *adder.can_run_list]
+            if (state := _decode_state(adder, other)) is not None
+        ),
+        key=lambda state: state[0],
+    )
     freed = 0
     for index, (left, occupied) in enumerate(states):
         running = len(states) - index
@@ -68,9 +75,13 @@ class SlotTakeover:
         made_room = False
         while result == sgl.AddReqResult.NO_TOKEN and not _admitted(adder, req):
             need = admission_shortfall(adder, req)
-            if need <= 0 or not self._make_room(scheduler, adder.running_batch, need,
-                                                lambda: admission_shortfall(adder, req),
-                                                lambda r: _unreserve(adder, r)):
+            if need <= 0 or not self._make_room(
+                scheduler,
+                adder.running_batch,
+                need,
+                lambda: admission_shortfall(adder, req),
+                lambda r: _unreserve(adder, r),
+            ):
                 break
             made_room = True
             adder.req_states = None
@@ -90,14 +101,26 @@ class SlotTakeover:
 
         self.counts["decode_takeovers"] += self._make_room(scheduler, batch, shortfall(), shortfall)
 
-    def _make_room(self, scheduler: Any, running_batch: Any, need: int, shortfall: Callable[[], int],
-                   on_hold: Callable[[Any], None] | None = None) -> bool:
+    def _make_room(
+        self,
+        scheduler: Any,
+        running_batch: Any,
+        need: int,
+        shortfall: Callable[[], int],
+        on_hold: Callable[[Any], None] | None = None,
+    ) -> bool:
         """Hold and checkpoint BE requests, as the core chooses, until ``shortfall`` is met or
         nothing is left to take; returns whether anything changed."""
-        held = {req.rid: resident_tokens(req) for req in self.held.requests()
-                if self.best_effort(req) and not req.finished()}
-        running = {req.rid: resident_tokens(req) for req in running_batch.reqs
-                   if self.best_effort(req) and holdable(scheduler, req)}
+        held = {
+            req.rid: resident_tokens(req)
+            for req in self.held.requests()
+            if self.best_effort(req) and not req.finished()
+        }
+        running = {
+            req.rid: resident_tokens(req)
+            for req in running_batch.reqs
+            if self.best_effort(req) and holdable(scheduler, req)
+        }
         by_rid = {req.rid: req for req in running_batch.reqs}
         changed = False
         for take in plan_takeover(need, held, running):

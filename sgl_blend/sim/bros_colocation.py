@@ -16,15 +16,15 @@ recomputed; its scheduler predicts with the fitted ``bros`` form, never with the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 from sgl_blend.core.bros.cost import IterationCost, SwapModel
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.request_timing import RequestTiming
+from sgl_blend.forward_time.step_time import NoisyClock
 from sgl_blend.sim.bros_engine import Arrival, BestEffortPool, SimSettings, simulate
 from sgl_blend.sim.colocation import ColocatedResult, OnlineArrival
-from sgl_blend.forward_time.step_time import NoisyClock
 from sgl_blend.sim.workload import SimRequest
 
 
@@ -79,15 +79,24 @@ class _Recorder:
             self.offline_finished += 1
 
 
-def run_bros(online: Sequence[OnlineArrival], offline: Sequence[SimRequest], device: ClockDevice,
-             cost: IterationCost, settings: SimSettings, horizon_s: float, policy: str = "bros") -> ColocatedResult:
+def run_bros(
+    online: Sequence[OnlineArrival],
+    offline: Sequence[SimRequest],
+    device: ClockDevice,
+    cost: IterationCost,
+    settings: SimSettings,
+    horizon_s: float,
+    policy: str = "bros",
+) -> ColocatedResult:
     """Serve ``online`` (RT) beside ``offline`` (BE) with a `bros_engine` policy until every
     online request is done and ``horizon_s`` has passed."""
     ordered = sorted(online, key=lambda arrival: arrival.at)
     rids = [f"online-{index}" for index in range(len(ordered))]
     timings = {rid: RequestTiming(arrival.at) for rid, arrival in zip(rids, ordered)}
-    arrivals = [Arrival(rid, arrival.at, arrival.request.prompt_len, arrival.request.output_len)
-                for rid, arrival in zip(rids, ordered)]
+    arrivals = [
+        Arrival(rid, arrival.at, arrival.request.prompt_len, arrival.request.output_len)
+        for rid, arrival in zip(rids, ordered)
+    ]
     recorder = _Recorder(timings, {request.rid: request.prompt_len for request in offline})
     pool = BestEffortPool([(request.rid, request.prompt_len, request.output_len) for request in offline])
     run_settings = replace(settings, duration_s=horizon_s, drain_realtime=True)
@@ -95,5 +104,12 @@ def run_bros(online: Sequence[OnlineArrival], offline: Sequence[SimRequest], dev
     counts = {"offline_finished": recorder.offline_finished, "rt_unfinished": summary["rt_unfinished"]}
     if "checkpointed_tokens" in summary:
         counts["checkpointed_tokens"] = summary["checkpointed_tokens"]
-    return ColocatedResult(horizon_s, summary["simulated_s"], [timings[rid] for rid in rids], recorder.events,
-                           summary["iterations"], 0, counts)
+    return ColocatedResult(
+        horizon_s,
+        summary["simulated_s"],
+        [timings[rid] for rid in rids],
+        recorder.events,
+        summary["iterations"],
+        0,
+        counts,
+    )

@@ -18,8 +18,7 @@ from sgl_blend.core.latency_model import BatchShape, LinearLatencyModel, fit_lin
 LAUNCH_OVERHEAD_S = 0.002
 # Pinned host-to-device copies timed by kernels/transfer.py on the lab's H100 (bytes, seconds):
 # BROS's swap model is fitted on these wherever the modelled device is an H100.
-H100_H2D_SAMPLES = ((1048576, 3.2017e-05), (16777216, 3.18247e-04), (67108864, 1.239361e-03),
-                    (268435456, 5.097975e-03))
+H100_H2D_SAMPLES = ((1048576, 3.2017e-05), (16777216, 3.18247e-04), (67108864, 1.239361e-03), (268435456, 5.097975e-03))
 
 
 @dataclass(frozen=True)
@@ -45,15 +44,15 @@ class RooflineDevice:
     def profile(self) -> tuple[list[BatchShape], list[float]]:
         """Prefill-only, decode-only and mixed batches on exponential grids, timed."""
         shapes: list[BatchShape] = []
-        for tokens in (2 ** k for k in range(4, 15)):
+        for tokens in (2**k for k in range(4, 15)):
             for requests in (1, 4, 16):
                 if tokens >= requests:
                     shape = BatchShape()
                     for _ in range(requests):
                         shape = shape.with_prefill(tokens // requests)
                     shapes.append(shape)
-        for requests in (2 ** k for k in range(0, 10)):
-            for context in (2 ** k for k in range(6, 13)):
+        for requests in (2**k for k in range(0, 10)):
+            for context in (2**k for k in range(6, 13)):
                 decode = BatchShape()
                 for _ in range(requests):
                     decode = decode.with_decode(context)

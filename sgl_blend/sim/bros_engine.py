@@ -29,8 +29,9 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import Protocol
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
 from sgl_blend.core.bros.bidirectional_kv import BidirectionalKV
@@ -119,8 +120,9 @@ class FifoPolicy(Policy):
         """Which queue runs now (None: the single FCFS queue)."""
         if not self.alternate:
             return None
-        has_work = {cls: bool(self.waiting[cls]) or any(r.realtime == cls for r in self.running)
-                    for cls in (True, False)}
+        has_work = {
+            cls: bool(self.waiting[cls]) or any(r.realtime == cls for r in self.running) for cls in (True, False)
+        }
         if not has_work[self.turn]:
             self.turn = not self.turn
         serving, self.turn = self.turn, not self.turn
@@ -176,8 +178,9 @@ class BrosPolicy(Policy):
     def __init__(self, settings: SimSettings, cost: IterationCost, bidirectional: bool) -> None:
         self.prefill_token_budget = settings.prefill_token_budget
         self.scheduler = BrosScheduler(cost, settings.slo, AdaptiveBatchSize(settings.max_running))
-        self.kv = BidirectionalKV(settings.kv_tokens // settings.block_size, settings.block_size,
-                                  bidirectional=bidirectional)
+        self.kv = BidirectionalKV(
+            settings.kv_tokens // settings.block_size, settings.block_size, bidirectional=bidirectional
+        )
         self.requests: dict[str, BrosRequest] = {}
         self._plan: BrosPlan | None = None
         self._not_run: list[str] = []
@@ -198,8 +201,12 @@ class BrosPolicy(Policy):
 
     def step(self, now: float) -> tuple[list[BrosRequest], int]:
         """Place the plan's KV; a request that finds no room sits this iteration out."""
-        memory = MemoryState(self.kv.claimable_slots(True), self.kv.best_effort_resident(),
-                             self.kv.claimable_slots(False), self.kv.own_room())
+        memory = MemoryState(
+            self.kv.claimable_slots(True),
+            self.kv.best_effort_resident(),
+            self.kv.claimable_slots(False),
+            self.kv.own_room(),
+        )
         plan = self.scheduler.plan(now, memory)
         protect = {r.rid for r in plan.requests}
         over = self._over_prefill_budget(plan.requests)
@@ -232,8 +239,11 @@ class BrosPolicy(Policy):
         time"), but not to bring its own tokens back -- RT requests would swap each other out in
         turn."""
         realtime = request.realtime
-        if request.host_tokens and self.kv.restore(
-                request.rid, protect, self._evict_order(protect, now, False) if realtime else ()) is None:
+        if (
+            request.host_tokens
+            and self.kv.restore(request.rid, protect, self._evict_order(protect, now, False) if realtime else ())
+            is None
+        ):
             return False
         order = self._evict_order(protect, now, True) if realtime else ()
         return self.kv.allocate(request.rid, request.extend_tokens(), realtime, protect, order) is not None
@@ -299,9 +309,15 @@ class BestEffortPool:
         return BrosRequest(rid, False, now, prompt_len), output_len
 
 
-def simulate(policy_name: str, arrivals: Sequence[Arrival], device: Device, cost: IterationCost,
-             settings: SimSettings, be_source: BestEffortSource | None = None,
-             listeners: Sequence[TokenListener] = ()) -> dict:
+def simulate(
+    policy_name: str,
+    arrivals: Sequence[Arrival],
+    device: Device,
+    cost: IterationCost,
+    settings: SimSettings,
+    be_source: BestEffortSource | None = None,
+    listeners: Sequence[TokenListener] = (),
+) -> dict:
     """Run one policy on one RT trace for ``settings.duration_s`` simulated seconds (and, with
     ``drain_realtime``, until the last RT request finishes). BE requests come from ``be_source``
     (default: the synthetic closed loop); ``listeners`` see every arrival, token and finish."""
@@ -362,9 +378,17 @@ def simulate(policy_name: str, arrivals: Sequence[Arrival], device: Device, cost
             else:
                 next_best_effort(now)
     summary = metrics.summary(now)
-    summary.update({"policy": policy_name, "iterations": iterations, "simulated_s": now,
-                    "rt_unfinished": len(live), "mean_iteration_s": busy / iterations if iterations else None,
-                    "busy_s": busy, "idle_s": idle})
+    summary.update(
+        {
+            "policy": policy_name,
+            "iterations": iterations,
+            "simulated_s": now,
+            "rt_unfinished": len(live),
+            "mean_iteration_s": busy / iterations if iterations else None,
+            "busy_s": busy,
+            "idle_s": idle,
+        }
+    )
     if isinstance(policy, BrosPolicy):
         summary["checkpointed_tokens"] = policy.checkpointed_tokens
     return summary

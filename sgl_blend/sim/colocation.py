@@ -28,19 +28,24 @@ prompt and output when they return -- online work never waits for offline memory
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from sgl_blend.core.colocation import (
-    ColocationController, IterationBudget, IterationPlan, IterationView, RunningRequest, WaitingOnline,
+    ColocationController,
+    IterationBudget,
+    IterationPlan,
+    IterationView,
+    RunningRequest,
+    WaitingOnline,
 )
-from sgl_blend.core.echo_plan import CANDIDATE_WINDOW, OfflineCandidate
 from sgl_blend.core.cost_model import CLIP_MAX_NEW_TOKENS, MIN_NEW_TOKEN_RATIO
+from sgl_blend.core.echo_plan import CANDIDATE_WINDOW, OfflineCandidate
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
 from sgl_blend.core.request_timing import RequestTiming
-from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.forward_time.step_time import NoisyClock
+from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.workload import SimRequest
 
 PROGRESS_INTERVAL = 32
@@ -93,8 +98,19 @@ class _Active:
     """A request the engine has seen: its KV (``private`` tokens beyond shared segments), prefill
     progress and output so far. A retracted offline request keeps its output and its record."""
 
-    __slots__ = ("request", "rid", "prompt_len", "online", "arrival", "prefill_left", "generated", "private", "timing",
-                 "last_token", "prompt_counted")
+    __slots__ = (
+        "request",
+        "rid",
+        "prompt_len",
+        "online",
+        "arrival",
+        "prefill_left",
+        "generated",
+        "private",
+        "timing",
+        "last_token",
+        "prompt_counted",
+    )
 
     def __init__(self, request: SimRequest, online: bool, arrival: float, timing: RequestTiming | None) -> None:
         self.request = request
@@ -122,8 +138,13 @@ class _Active:
 
 
 class ColocatedEngine:
-    def __init__(self, clock: NoisyClock, controller: ColocationController, policy: AdmissionPolicy | None,
-                 config: ColocatedConfig) -> None:
+    def __init__(
+        self,
+        clock: NoisyClock,
+        controller: ColocationController,
+        policy: AdmissionPolicy | None,
+        config: ColocatedConfig,
+    ) -> None:
         self.clock = clock
         self.controller = controller
         self.policy = policy
@@ -137,8 +158,9 @@ class ColocatedEngine:
 
 
 class _ColocatedRun:
-    def __init__(self, engine: ColocatedEngine, online: Sequence[OnlineArrival], offline: Sequence[SimRequest],
-                 horizon_s: float) -> None:
+    def __init__(
+        self, engine: ColocatedEngine, online: Sequence[OnlineArrival], offline: Sequence[SimRequest], horizon_s: float
+    ) -> None:
         self.engine = engine
         self.cfg = engine.config
         self.controller = engine.controller
@@ -159,8 +181,13 @@ class _ColocatedRun:
         self.events: list[tuple[float, int]] = []
         self.iterations = 0
         self.peak_kv = 0
-        self.counts = {"parked": 0, "retracted": 0, "offline_finished": 0, "offline_prefill_computed": 0,
-                       "offline_prefix_hit": 0}
+        self.counts = {
+            "parked": 0,
+            "retracted": 0,
+            "offline_finished": 0,
+            "offline_prefill_computed": 0,
+            "offline_prefix_hit": 0,
+        }
         self.started: set[str] = set()
 
     @property
@@ -178,8 +205,9 @@ class _ColocatedRun:
             self._release_offline()
             if not self._step():
                 self._idle_until_next_event()
-        return ColocatedResult(self.horizon_s, self.now, self.timings, self.events, self.iterations, self.peak_kv,
-                               self.counts)
+        return ColocatedResult(
+            self.horizon_s, self.now, self.timings, self.events, self.iterations, self.peak_kv, self.counts
+        )
 
     # -- arrivals ----------------------------------------------------------------------------
 
@@ -189,8 +217,10 @@ class _ColocatedRun:
         rate = self.cfg.offline_rate
         due = len(self.offline_order) if rate is None else min(len(self.offline_order), int(self.now * rate) + 1)
         if due > self.released:
-            self.policy.submit(OfflineRequest(r.rid, r.prompt_ids(), r.max_new_tokens, r.exact)
-                               for r in self.offline_order[self.released:due])
+            self.policy.submit(
+                OfflineRequest(r.rid, r.prompt_ids(), r.max_new_tokens, r.exact)
+                for r in self.offline_order[self.released : due]
+            )
             self.released = due
 
     def _take_arrivals(self) -> None:
@@ -262,15 +292,32 @@ class _ColocatedRun:
     # -- one iteration -----------------------------------------------------------------------
 
     def _view(self, decoding: list[_Active]) -> IterationView:
-        holders = Counter(key for a in self.running for key, _length in a.request.prefix) \
-            if self.controller.config.mode == "echo" else None
-        running = [RunningRequest(a.rid, a.online, a.context, a.reserve(), a.arrival, a.generated,
-                                  self._shared_with_others(a, holders) if holders is not None and not a.online else 0)
-                   for a in decoding]
-        waiting = [WaitingOnline(a.rid, a.prefill_left, a.reserve(), a.arrival)
-                   for a in self.running if a.online and a.prefill_left]
-        waiting += [WaitingOnline(a.rid, a.prompt_len - self.cache.cached_prefix(a.request.prefix),
-                                  a.reserve(), a.arrival) for a in self.waiting_online]
+        holders = (
+            Counter(key for a in self.running for key, _length in a.request.prefix)
+            if self.controller.config.mode == "echo"
+            else None
+        )
+        running = [
+            RunningRequest(
+                a.rid,
+                a.online,
+                a.context,
+                a.reserve(),
+                a.arrival,
+                a.generated,
+                self._shared_with_others(a, holders) if holders is not None and not a.online else 0,
+            )
+            for a in decoding
+        ]
+        waiting = [
+            WaitingOnline(a.rid, a.prefill_left, a.reserve(), a.arrival)
+            for a in self.running
+            if a.online and a.prefill_left
+        ]
+        waiting += [
+            WaitingOnline(a.rid, a.prompt_len - self.cache.cached_prefix(a.request.prefix), a.reserve(), a.arrival)
+            for a in self.waiting_online
+        ]
         return IterationView(self.now, running, waiting, self.cfg.kv_capacity, self.cfg.chunk_tokens)
 
     @staticmethod
@@ -375,14 +422,18 @@ class _ColocatedRun:
         reserved = sum(a.admission_reserve() for a in self.running)
         while room > 0 and len(self.running) < self.cfg.max_running:
             free = self._free() + self.cache.evictable - reserved
-            proposal = self._offline_policy.propose(max(int(free), 0), min(self.cfg.proposal_size,
-                                                                  self.cfg.max_running - len(self.running)))
+            proposal = self._offline_policy.propose(
+                max(int(free), 0), min(self.cfg.proposal_size, self.cfg.max_running - len(self.running))
+            )
             taken = []
             for offered in proposal:
                 active = self.offline[offered.rid]
                 extend = active.prompt_len - self.cache.cached_prefix(active.request.prefix) + active.generated
-                if room <= 0 or extend + active.reserve() > free or not budget.offline_chunk(
-                        extend, active.prompt_len + active.generated - extend, active.reserve()):
+                if (
+                    room <= 0
+                    or extend + active.reserve() > free
+                    or not budget.offline_chunk(extend, active.prompt_len + active.generated - extend, active.reserve())
+                ):
                     break
                 if not self._start(active):
                     break
@@ -421,16 +472,25 @@ class _ColocatedRun:
         """What `_start` would prefill: the prompt and any output past the resident prefix, at least one token."""
         total = active.prompt_len + active.generated
         extend = max(1, total - self.cache.cached_prefix(active.request.prefix))
-        return OfflineCandidate(active.rid, extend, total - extend, active.reserve(),
-                                fresh=active.rid not in self.started)
+        return OfflineCandidate(
+            active.rid, extend, total - extend, active.reserve(), fresh=active.rid not in self.started
+        )
 
-    def _offline_chunk(self, budget: IterationBudget, active: _Active, room: int, chunks: list[tuple[_Active, int]],
-                       cap: int | None = None, must_progress: bool = False) -> int:
+    def _offline_chunk(
+        self,
+        budget: IterationBudget,
+        active: _Active,
+        room: int,
+        chunks: list[tuple[_Active, int]],
+        cap: int | None = None,
+        must_progress: bool = False,
+    ) -> int:
         """``must_progress``: a prompt already under way holds its KV, so it gets at least a
         minimal chunk, as the plugin gives SGLang's chunked request (`chunked_limit`)."""
         prefix = active.context
-        chunk = min(budget.offline_chunk(active.prefill_left, prefix, active.reserve(), must_progress=must_progress),
-                    room)
+        chunk = min(
+            budget.offline_chunk(active.prefill_left, prefix, active.reserve(), must_progress=must_progress), room
+        )
         if cap is not None:
             chunk = min(chunk, cap)
         if chunk <= 0:

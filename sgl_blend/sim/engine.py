@@ -40,20 +40,25 @@ unchanged, so the closed form is not what makes pacing slow.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from sgl_blend.core.cost_model import (
-    CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY_STEPS, CostModel,
+    CLIP_MAX_NEW_TOKENS,
+    INIT_NEW_TOKEN_RATIO,
+    MIN_NEW_TOKEN_RATIO,
+    NEW_TOKEN_RATIO_DECAY_STEPS,
+    CostModel,
 )
 from sgl_blend.core.prefill_room import prefill_room
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
 from sgl_blend.forward_time.iteration_cost import IterationCost
+from sgl_blend.forward_time.overlap import OverlapFunction
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.metrics import SimResult, StepTrace
-from sgl_blend.forward_time.overlap import OverlapFunction
 from sgl_blend.sim.workload import SimRequest
 
 
@@ -94,8 +99,14 @@ class WholeBatch:
 
 
 class SimEngine:
-    def __init__(self, cost: CostModel, policy: AdmissionPolicy, overlap: OverlapFunction,
-                 config: EngineConfig = EngineConfig(), also_price: Sequence[OverlapFunction] = ()) -> None:
+    def __init__(
+        self,
+        cost: CostModel,
+        policy: AdmissionPolicy,
+        overlap: OverlapFunction,
+        config: EngineConfig = EngineConfig(),
+        also_price: Sequence[OverlapFunction] = (),
+    ) -> None:
         self.cost = cost
         self.policy = policy
         self.overlap = overlap
@@ -107,8 +118,12 @@ class SimEngine:
         self.step = IterationCost.of(cost)
         self._ratio_decay = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
 
-    def run(self, requests: Sequence[SimRequest], feeder: Feeder | None = None,
-            on_finish: Callable[[int], None] | None = None) -> SimResult:
+    def run(
+        self,
+        requests: Sequence[SimRequest],
+        feeder: Feeder | None = None,
+        on_finish: Callable[[int], None] | None = None,
+    ) -> SimResult:
         """Run ``requests`` (their true output lengths stop them) as ``feeder`` hands them over
         (default: `WholeBatch`)."""
         return _Run(self, requests, feeder or WholeBatch(requests), on_finish).execute()
@@ -117,8 +132,9 @@ class SimEngine:
 class _Run:
     """The state of one simulation: per-request arrays, and per-slot arrays for what runs."""
 
-    def __init__(self, engine: SimEngine, requests: Sequence[SimRequest], feeder: Feeder,
-                 on_finish: Callable[[int], None] | None) -> None:
+    def __init__(
+        self, engine: SimEngine, requests: Sequence[SimRequest], feeder: Feeder, on_finish: Callable[[int], None] | None
+    ) -> None:
         self.engine = engine
         self.cfg = engine.config
         self.policy = engine.policy
@@ -165,18 +181,32 @@ class _Run:
             decoding = np.flatnonzero(self.active & (self.prefill_left == 0))
             admitted = self._admit(len(decoding))
             if not self.active.any():
-                raise RuntimeError(f"{len(self.requests) - len(self.finished)} requests left but the policy "
-                                   "proposed nothing that fits in an empty engine")
+                raise RuntimeError(
+                    f"{len(self.requests) - len(self.finished)} requests left but the policy "
+                    "proposed nothing that fits in an empty engine"
+                )
             if self.prefill_queue or admitted:
                 self._mixed_step(decoding)
             else:
                 self._decode_stretch(decoding)
         requests = self.requests
-        return SimResult(getattr(self.policy, "name", type(self.policy).__name__), self.clock,
-                         sum(r.prompt_len for r in requests), sum(r.output_len for r in requests), self.cached,
-                         self.comp_total, self.mem_total, self.iterations, self.retractions, self.peak_kv,
-                         self.capacity, self.admitted_order, self.finished, self.trace,
-                         {overlap.name: clock for overlap, clock in zip(self.engine.overlaps, self.clocks)})
+        return SimResult(
+            getattr(self.policy, "name", type(self.policy).__name__),
+            self.clock,
+            sum(r.prompt_len for r in requests),
+            sum(r.output_len for r in requests),
+            self.cached,
+            self.comp_total,
+            self.mem_total,
+            self.iterations,
+            self.retractions,
+            self.peak_kv,
+            self.capacity,
+            self.admitted_order,
+            self.finished,
+            self.trace,
+            {overlap.name: clock for overlap, clock in zip(self.engine.overlaps, self.clocks)},
+        )
 
     def _prefill_room(self, n_decode: int) -> int:
         return prefill_room(self.cfg.token_budget, n_decode, self.policy.prefill_token_budget())
@@ -293,8 +323,14 @@ class _Run:
         context = float((self.prompt[decoding] + self.decoded[decoding]).sum())
         comp = np.full(steps, engine.step.compute_side(n, 0.0))
         mem = engine.step.memory_side(context + n * np.arange(steps))
-        self._account(steps, float(comp.sum()), float(mem.sum()),
-                      [float(overlap.vector(comp, mem).sum()) for overlap in engine.overlaps], n, 0)
+        self._account(
+            steps,
+            float(comp.sum()),
+            float(mem.sum()),
+            [float(overlap.vector(comp, mem).sum()) for overlap in engine.overlaps],
+            n,
+            0,
+        )
         self._advance(decoding, steps)
 
     def _account(self, steps: int, comp: float, mem: float, seconds: list[float], decodes: int, prefill: int) -> None:

@@ -50,8 +50,11 @@ class RunnerFeed:
             raise ValueError("the window must hold at least one line")
         self.line_planner = planner
         self.window = window
-        self.items = {index: WorkItem(index, r.prompt_ids(), r.max_new_tokens, r.exact)
-                      for index, r in enumerate(requests)} if planner is not None else {}
+        self.items = (
+            {index: WorkItem(index, r.prompt_ids(), r.max_new_tokens, r.exact) for index, r in enumerate(requests)}
+            if planner is not None
+            else {}
+        )
         self.requests = requests
         self.index = {request.rid: index for index, request in enumerate(requests)}
         self.placements: dict[int, Placement] = {}
@@ -63,8 +66,9 @@ class RunnerFeed:
         if planner is None:
             self.queue = deque(range(len(requests)))
             return
-        self.samples = {index for index, item in self.items.items()
-                        if planner.blend and is_sample(str(seed), index + 1, item)}
+        self.samples = {
+            index for index, item in self.items.items() if planner.blend and is_sample(str(seed), index + 1, item)
+        }
         for index in sorted(self.samples):
             self.placements[index] = sample_placement(self.ranks.take_compute(), self.items[index])
         self.queue = deque(sorted(self.samples))
@@ -87,8 +91,11 @@ class RunnerFeed:
         while self.queue and self.inflight < self.window:
             index = self.queue.popleft()
             request = self.requests[index]
-            sent.append(OfflineRequest(request.rid, request.prompt_ids(), request.max_new_tokens, request.exact,
-                                       self.placements.get(index)))
+            sent.append(
+                OfflineRequest(
+                    request.rid, request.prompt_ids(), request.max_new_tokens, request.exact, self.placements.get(index)
+                )
+            )
             self.inflight += 1
         return sent
 

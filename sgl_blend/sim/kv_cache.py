@@ -24,7 +24,7 @@ sharing comes to differ between orders.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from sgl_blend.sim.workload import Segment
 

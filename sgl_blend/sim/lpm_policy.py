@@ -11,7 +11,7 @@ cache; evictions in that short tail are ignored).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from sgl_blend.core.planner import Plan
 from sgl_blend.core.policies import PlannedPolicy

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 from sgl_blend.core.cost_model import CostModel, optimal_time
 from sgl_blend.forward_time.overlap import OverlapFunction
@@ -101,8 +102,9 @@ def workload_bound(requests: Sequence[SimRequest], cost: CostModel, overlap: Ove
     t_comp = sum(cost.comp_time(r.prompt_len, r.output_len) for r in requests)
     t_mem = sum(cost.mem_time(r.prompt_len, r.output_len) for r in requests)
     sharing = max_sharing_ratio(requests)
-    return WorkloadBound(t_comp, t_mem, sharing, overlap((1 - sharing) * t_comp, t_mem),
-                         optimal_time(t_comp, t_mem, sharing))
+    return WorkloadBound(
+        t_comp, t_mem, sharing, overlap((1 - sharing) * t_comp, t_mem), optimal_time(t_comp, t_mem, sharing)
+    )
 
 
 def summarise(result: SimResult, bound: WorkloadBound) -> dict[str, Any]:
@@ -128,4 +130,5 @@ def compare_to(results: dict[str, dict[str, Any]], sims: dict[str, SimResult], b
     for name, sim in sims.items():
         results[name][f"speedup_over_{baseline}"] = round(base.seconds / sim.seconds, 4)
         results[name][f"sharing_fraction_of_{baseline}"] = (
-            round(sim.sharing_ratio / base.sharing_ratio, 4) if base.sharing_ratio else 1.0)
+            round(sim.sharing_ratio / base.sharing_ratio, 4) if base.sharing_ratio else 1.0
+        )

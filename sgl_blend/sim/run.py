@@ -19,18 +19,18 @@ another:
 from __future__ import annotations
 
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from sgl_blend.batch_lines.plan import LinePlanner
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec
 from sgl_blend.core.policies import PlannedPolicy
 from sgl_blend.core.policy_registry import SIM, lookup, names_for
 from sgl_blend.core.psm_policy import make_offline_policy
+from sgl_blend.forward_time.overlap import OverlapFunction
 from sgl_blend.sim.engine import EngineConfig, SimEngine
 from sgl_blend.sim.feed import RunnerFeed, runner_window
 from sgl_blend.sim.lpm_policy import SGLangLPMPolicy
 from sgl_blend.sim.metrics import SimResult
-from sgl_blend.forward_time.overlap import OverlapFunction
 from sgl_blend.sim.workload import SimRequest
 
 SIM_POLICIES = names_for(SIM)
@@ -52,10 +52,19 @@ def submission_order(requests: Sequence[SimRequest], policy_name: str, seed: int
     return ordered
 
 
-def simulate(requests: Sequence[SimRequest], policy_name: str, model: ModelSpec, hardware: HardwareSpec,
-             overlap: OverlapFunction, *, seed: int = 0, config: EngineConfig = EngineConfig(),
-             on_finish: Callable[[int], None] | None = None, also_price: Sequence[OverlapFunction] = (),
-             window: int | None = None) -> SimResult:
+def simulate(
+    requests: Sequence[SimRequest],
+    policy_name: str,
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    overlap: OverlapFunction,
+    *,
+    seed: int = 0,
+    config: EngineConfig = EngineConfig(),
+    on_finish: Callable[[int], None] | None = None,
+    also_price: Sequence[OverlapFunction] = (),
+    window: int | None = None,
+) -> SimResult:
     """Run ``policy_name`` over ``requests`` (a batch file's lines, in file order) as the runner
     feeds them through ``window`` lines in flight (None: the runner's own, `runner_window`);
     ``also_price`` prices the same schedule under more overlap functions (`SimResult.seconds_under`)."""

@@ -32,9 +32,16 @@ class StockEngine:
     sizing: EngineSizing
 
 
-def stock_engine(model: str, device: str, tp: int = 1, *, hardware: HardwareSpec | None = None,
-                 chunk: int | None = None, max_running: int | None = None,
-                 kv_tokens: int | None = None) -> StockEngine:
+def stock_engine(
+    model: str,
+    device: str,
+    tp: int = 1,
+    *,
+    hardware: HardwareSpec | None = None,
+    chunk: int | None = None,
+    max_running: int | None = None,
+    kv_tokens: int | None = None,
+) -> StockEngine:
     """``model``: ``llama-3.1-8b``, ``llama-3.1-70b`` or an HF model directory; ``device``: ``h100``,
     ``a100-80g`` or a profile JSON that names its memory (`emulation.devices`); ``hardware``
     prices forwards instead of the device's own spec (a measured profile)."""
@@ -45,8 +52,17 @@ def stock_engine(model: str, device: str, tp: int = 1, *, hardware: HardwareSpec
         config = EMULATION_MODELS[model]
     else:
         config = json.loads((Path(model) / "config.json").read_text())
-    sizing = engine_sizing(config, emulated.memory, tp, chunked_prefill_size=chunk, max_running_requests=max_running,
-                           max_total_tokens=kv_tokens)
-    limits = EngineConfig(kv_capacity=sizing.max_total_tokens, token_budget=sizing.chunked_prefill_size,
-                          max_running=sizing.max_running_requests)
+    sizing = engine_sizing(
+        config,
+        emulated.memory,
+        tp,
+        chunked_prefill_size=chunk,
+        max_running_requests=max_running,
+        max_total_tokens=kv_tokens,
+    )
+    limits = EngineConfig(
+        kv_capacity=sizing.max_total_tokens,
+        token_budget=sizing.chunked_prefill_size,
+        max_running=sizing.max_running_requests,
+    )
     return StockEngine(model_spec(model), (hardware or emulated.hardware).scaled(tp), limits, sizing)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 
@@ -77,8 +77,9 @@ def _tail_tokens(rid: str, length: int) -> array:
     return tokens
 
 
-def requests_from_prompts(rids: Sequence[str], prompts: Sequence[Sequence[int]],
-                          outputs: Sequence[tuple[int, int, bool]]) -> list[SimRequest]:
+def requests_from_prompts(
+    rids: Sequence[str], prompts: Sequence[Sequence[int]], outputs: Sequence[tuple[int, int, bool]]
+) -> list[SimRequest]:
     """Requests for real prompts (token ids), each with ``(output length, max_new_tokens, exact)``:
     the prompts' prefix tree gives the segments -- every node on a prompt's path that another
     prompt also passes through is a shared segment, named by the node, and the rest of the prompt

@@ -8,7 +8,7 @@ the real-engine and the simulator benchmarks draw arrivals the same way.
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 PATTERNS = ("poisson", "bursty")
 BURST_HIGH, BURST_LOW = 1.5, 0.5
@@ -32,6 +32,10 @@ def arrival_times(pattern: str, rate: float, duration_s: float, period_s: float,
     if pattern == "poisson":
         return poisson_times(lambda _t: rate, rate, duration_s, seed)
     if pattern == "bursty":
-        return poisson_times(lambda t: rate * (BURST_HIGH if (t % period_s) < period_s / 2 else BURST_LOW),
-                             BURST_HIGH * rate, duration_s, seed)
+        return poisson_times(
+            lambda t: rate * (BURST_HIGH if (t % period_s) < period_s / 2 else BURST_LOW),
+            BURST_HIGH * rate,
+            duration_s,
+            seed,
+        )
     raise ValueError(f"unknown arrival pattern {pattern!r}; known: {', '.join(PATTERNS)}")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from sgl_blend.workloads.sharegpt import first_exchange, iter_conversations
 
@@ -37,7 +37,7 @@ def fewshot_lines(n: int = 300, groups: int = 8, seed: int = 0, chat: bool = Fal
         group = index % groups
         question = rng.choice(texts)
         start = rng.randrange(0, len(question) - 200)
-        prompt = f"{shots[group]}\n\nQuestion {index}: {question[start:start + 160]}\nAnswer:"
+        prompt = f"{shots[group]}\n\nQuestion {index}: {question[start : start + 160]}\nAnswer:"
         max_tokens = GROUP_OUTPUT_TOKENS[group % len(GROUP_OUTPUT_TOKENS)]
         lines.append(_line(f"g{group}-q{index}", prompt, max_tokens, chat))
     rng.shuffle(lines)
@@ -67,8 +67,9 @@ def evaluation_lines(n: int, families: int = 32, unique_fraction: float = 0.25, 
     outputs) and unique ShareGPT prompts, ``unique_fraction`` of the lines (their first 1,500
     characters, answers capped at 128 tokens, so a CPU runs a few hundred lines in minutes)."""
     unique = int(n * unique_fraction)
-    lines = (fewshot_lines(n - unique, groups=families, seed=seed, chat=True)
-             + sharegpt_lines(unique, seed=seed, max_prompt_chars=1500, max_tokens_cap=128))
+    lines = fewshot_lines(n - unique, groups=families, seed=seed, chat=True) + sharegpt_lines(
+        unique, seed=seed, max_prompt_chars=1500, max_tokens_cap=128
+    )
     random.Random(seed + 1).shuffle(lines)
     return lines
 
@@ -79,8 +80,12 @@ def _line(custom_id: str, prompt: str, max_tokens: int, chat: bool) -> dict:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions" if chat else "/v1/completions",
-            "body": body}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions" if chat else "/v1/completions",
+        "body": body,
+    }
 
 
 def write_jsonl(path: Path, lines: Iterable[dict]) -> Path:

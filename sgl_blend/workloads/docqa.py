@@ -28,8 +28,8 @@ import math
 import random
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from sgl_blend.workloads import sharegpt
 from sgl_blend.workloads.batch_files import sharegpt_lines, write_jsonl
@@ -58,21 +58,24 @@ def family_sizes(family_lines: int, families: int, exponent: float = ZIPF_EXPONE
     shares nothing), the rest in proportion to ``1 / rank ** exponent`` by largest remainder."""
     if families < 1 or family_lines < 2 * families:
         raise ValueError(f"{family_lines} lines cannot make {families} families of at least two")
-    weights = [1.0 / rank ** exponent for rank in range(1, families + 1)]
+    weights = [1.0 / rank**exponent for rank in range(1, families + 1)]
     rest, total = family_lines - 2 * families, sum(weights)
     shares = [rest * weight / total for weight in weights]
     sizes = [2 + int(share) for share in shares]
     by_remainder = sorted(range(families), key=lambda k: (int(shares[k]) - shares[k], k))
-    for k in by_remainder[:family_lines - sum(sizes)]:
+    for k in by_remainder[: family_lines - sum(sizes)]:
         sizes[k] += 1
     return sizes
 
 
 def _replies(seed: int) -> Iterator[str]:
     """ShareGPT's assistant turns in a seeded order."""
-    replies = [turn["value"] for conversation in sharegpt.iter_conversations()
-               for turn in conversation.get("conversations") or []
-               if turn.get("from") == "gpt" and turn.get("value")]
+    replies = [
+        turn["value"]
+        for conversation in sharegpt.iter_conversations()
+        for turn in conversation.get("conversations") or []
+        if turn.get("from") == "gpt" and turn.get("value")
+    ]
     random.Random(seed).shuffle(replies)
     return iter(replies)
 
@@ -99,13 +102,17 @@ def documents(count: int, seed: int) -> list[str]:
 def _question(document: str, rng: random.Random) -> str:
     length = rng.randint(*QUESTION_CHARS)
     start = rng.randrange(0, max(1, len(document) - length))
-    return f'What does the document say about this passage: "{document[start:start + length]}"?'
+    return f'What does the document say about this passage: "{document[start : start + length]}"?'
 
 
 def _family_line(custom_id: str, document: str, question: str, max_tokens: int) -> dict:
-    body = {"model": "default", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "messages": [{"role": "system", "content": INSTRUCTION + document},
-                         {"role": "user", "content": question}]}
+    body = {
+        "model": "default",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "messages": [{"role": "system", "content": INSTRUCTION + document}, {"role": "user", "content": question}],
+    }
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
@@ -117,11 +124,13 @@ def docqa_lines(lines: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     out: list[dict] = []
     for family, (document, size) in enumerate(zip(documents(len(sizes), seed), sizes)):
-        out.extend(_family_line(f"doc{family}-q{index}", document, _question(document, rng),
-                                rng.randint(*ANSWER_TOKENS))
-                   for index in range(size))
-    chats = sharegpt_lines(unique, seed=seed, max_prompt_chars=sharegpt.MAX_CHARS,
-                           max_tokens_cap=sharegpt.MAX_NEW_TOKENS)
+        out.extend(
+            _family_line(f"doc{family}-q{index}", document, _question(document, rng), rng.randint(*ANSWER_TOKENS))
+            for index in range(size)
+        )
+    chats = sharegpt_lines(
+        unique, seed=seed, max_prompt_chars=sharegpt.MAX_CHARS, max_tokens_cap=sharegpt.MAX_NEW_TOKENS
+    )
     if len(chats) < unique:
         raise ValueError(f"ShareGPT has {len(chats)} usable chats, {unique} asked for")
     out.extend(chats)
@@ -145,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     write_jsonl(args.output, lines)
     families = Counter(family for line in lines if (family := family_of(line["custom_id"])) is not None)
     sizes = sorted(families.values(), reverse=True)
-    print(f"{args.output}: {len(lines)} lines, {len(families)} document families "
-          f"(largest {sizes[0]}, median {sizes[len(sizes) // 2]}, smallest {sizes[-1]} lines), "
-          f"{len(lines) - sum(sizes)} unique chats")
+    print(
+        f"{args.output}: {len(lines)} lines, {len(families)} document families "
+        f"(largest {sizes[0]}, median {sizes[len(sizes) // 2]}, smallest {sizes[-1]} lines), "
+        f"{len(lines) - sum(sizes)} unique chats"
+    )
     return 0
 
 

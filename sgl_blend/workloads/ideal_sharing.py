@@ -18,9 +18,9 @@ import argparse
 import itertools
 import json
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from sgl_blend.batch_lines.lines import BatchLine, read_lines
 from sgl_blend.batch_lines.tokenize import LineTokenizer
@@ -65,8 +65,9 @@ def ideal_sharing(path: Path, model: str = "llama-3.1-8b") -> IdealSharing:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sgl_blend.workloads.ideal_sharing",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sgl_blend.workloads.ideal_sharing", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("file", type=Path, help="an OpenAI batch file")
     parser.add_argument("--model", default="llama-3.1-8b", help="the served model whose tokenizer reads the prompts")
     args = parser.parse_args(argv)

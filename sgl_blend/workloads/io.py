@@ -8,8 +8,9 @@ chains: 400K requests that share a handful of system prompts hold a handful of t
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from sgl_blend.sim.workload import SimRequest
 
@@ -19,9 +20,20 @@ def save_jsonl(requests: Iterable[SimRequest], path: Path, meta: dict[str, Any] 
     with path.open("w") as handle:
         handle.write(json.dumps({"workload": meta or {}}) + "\n")
         for r in requests:
-            handle.write(json.dumps({"rid": r.rid, "source": r.source, "prefix": [list(s) for s in r.prefix],
-                                     "unique_len": r.unique_len, "output_len": r.output_len,
-                                     "max_new_tokens": r.max_new_tokens, "exact": r.exact}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "rid": r.rid,
+                        "source": r.source,
+                        "prefix": [list(s) for s in r.prefix],
+                        "unique_len": r.unique_len,
+                        "output_len": r.output_len,
+                        "max_new_tokens": r.max_new_tokens,
+                        "exact": r.exact,
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -54,6 +66,15 @@ def load_jsonl(path: Path) -> tuple[list[SimRequest], dict[str, Any]]:
                 continue
             prefix = tuple((key, int(length)) for key, length in row["prefix"])
             prefix = chains.setdefault(prefix, prefix)
-            requests.append(SimRequest(row["rid"], row.get("source", ""), prefix, int(row["unique_len"]),
-                                       int(row["output_len"]), int(row["max_new_tokens"]), bool(row["exact"])))
+            requests.append(
+                SimRequest(
+                    row["rid"],
+                    row.get("source", ""),
+                    prefix,
+                    int(row["unique_len"]),
+                    int(row["output_len"]),
+                    int(row["max_new_tokens"]),
+                    bool(row["exact"]),
+                )
+            )
     return requests, meta

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sgl_blend.workloads.synthetic import generate
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.sim.workload import SimRequest
+from sgl_blend.workloads.synthetic import generate
 
 TABLE2_TRACES: dict[str, tuple[float, float]] = {
     "trace1": (1.4, 0.35),
@@ -52,9 +52,13 @@ class _Stream:
         def prefix_sum(values) -> np.ndarray:
             return np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=float))])
 
-        return cls(requests, prefix_sum([cost.comp_time(r.prompt_len, r.output_len) for r in requests]),
-                   prefix_sum([cost.mem_time(r.prompt_len, r.output_len) for r in requests]),
-                   prefix_sum([r.prompt_len for r in requests]), prefix_sum(saved))
+        return cls(
+            requests,
+            prefix_sum([cost.comp_time(r.prompt_len, r.output_len) for r in requests]),
+            prefix_sum([cost.mem_time(r.prompt_len, r.output_len) for r in requests]),
+            prefix_sum([r.prompt_len for r in requests]),
+            prefix_sum(saved),
+        )
 
 
 def _generate(trace: str, n: int, seed: int, long_output_scale: float = 1.0) -> list[SimRequest]:
@@ -86,8 +90,9 @@ def _bisect(low: int, high: int, too_low) -> int:
     return low
 
 
-def solve_counts(n: int, density: float, sharing: float,
-                 streams: tuple[_Stream, _Stream, _Stream]) -> tuple[int, int, int]:
+def solve_counts(
+    n: int, density: float, sharing: float, streams: tuple[_Stream, _Stream, _Stream]
+) -> tuple[int, int, int]:
     def with_mmlu(m: int) -> tuple[int, int, int]:
         v = _bisect(0, n - m, lambda v: _properties(streams, (n - m - v, v, m))[0] > density)
         if v > 0:
@@ -100,8 +105,15 @@ def solve_counts(n: int, density: float, sharing: float,
     return with_mmlu(m)
 
 
-def mix(n: int, density: float, sharing: float, cost: CostModel, seed: int = 0,
-        compute_trace: str = "burstgpt", long_output_scale: float = 1.0) -> list[SimRequest]:
+def mix(
+    n: int,
+    density: float,
+    sharing: float,
+    cost: CostModel,
+    seed: int = 0,
+    compute_trace: str = "burstgpt",
+    long_output_scale: float = 1.0,
+) -> list[SimRequest]:
     def stream(trace: str) -> _Stream:
         return _Stream.of(_generate(trace, n, seed, long_output_scale), cost)
 
@@ -112,8 +124,9 @@ def mix(n: int, density: float, sharing: float, cost: CostModel, seed: int = 0,
     return requests
 
 
-def named_workload(name: str, n: int, cost: CostModel, seed: int = 0,
-                   long_output_scale: float = 1.0) -> list[SimRequest]:
+def named_workload(
+    name: str, n: int, cost: CostModel, seed: int = 0, long_output_scale: float = 1.0
+) -> list[SimRequest]:
     """``trace1``..``trace4`` (Table 2) or ``DENSITY:SHARING`` (e.g. ``1.2:0.25``)."""
     density, sharing = TABLE2_TRACES[name] if name in TABLE2_TRACES else (float(part) for part in name.split(":"))
     return mix(n, density, sharing, cost, seed, long_output_scale=long_output_scale)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from sgl_blend.core.cost_model import CostModel
 from sgl_blend.sim.workload import SimRequest
@@ -41,8 +41,11 @@ def one_token_words(model_path: str) -> tuple[str, ...]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    candidates = sorted(token[1:] for token in tokenizer.get_vocab()
-                        if token.startswith("Ġ") and 3 <= len(token) - 1 <= 8 and set(token[1:]) <= _WORD_CHARS)
+    candidates = sorted(
+        token[1:]
+        for token in tokenizer.get_vocab()
+        if token.startswith("Ġ") and 3 <= len(token) - 1 <= 8 and set(token[1:]) <= _WORD_CHARS
+    )
     words = [word for word in candidates if len(tokenizer.encode(" " + word, add_special_tokens=False)) == 1]
     if len(words) < VOCABULARY_SIZE:
         raise ValueError(f"{model_path}'s tokenizer has only {len(words)} one-token words")
@@ -57,9 +60,18 @@ def _words(seed_text: str, count: int, words: tuple[str, ...]) -> str:
 def request_line(request: SimRequest, words: tuple[str, ...]) -> dict:
     prompt = "".join(_words(key, length, words) for key, length in request.prefix)
     prompt += _words(request.rid, request.unique_len, words)
-    return {"custom_id": request.rid, "method": "POST", "url": "/v1/completions",
-            "body": {"model": "default", "prompt": prompt, "max_tokens": request.output_len, "ignore_eos": True,
-                     "temperature": 0}}
+    return {
+        "custom_id": request.rid,
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {
+            "model": "default",
+            "prompt": prompt,
+            "max_tokens": request.output_len,
+            "ignore_eos": True,
+            "temperature": 0,
+        },
+    }
 
 
 def paper_lines(workload: str, n: int, cost: CostModel, model_path: str | Path, seed: int = 0) -> Iterator[dict]:

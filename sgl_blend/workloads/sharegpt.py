@@ -14,8 +14,9 @@ import hashlib
 import json
 import random
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sgl_blend.sim.workload import SimRequest, chain_hash
 
@@ -102,6 +103,7 @@ def load(n: int, seed: int = 0, tokenizer_dir: Path | None = None, pool: int = 2
             prefix, unique = (system, (chain_hash(system[0], digests[pick]), prompt_len)), 0
         else:
             prefix, unique = (system,), prompt_len
-        requests.append(SimRequest(f"sharegpt-{i}", "sharegpt", prefix, unique, min(output, MAX_NEW_TOKENS),
-                                   MAX_NEW_TOKENS, False))
+        requests.append(
+            SimRequest(f"sharegpt-{i}", "sharegpt", prefix, unique, min(output, MAX_NEW_TOKENS), MAX_NEW_TOKENS, False)
+        )
     return requests

@@ -74,8 +74,14 @@ def generate(trace: str, n: int, seed: int = 0, long_output_scale: float = 1.0) 
     system = (chain_hash("", f"{trace}/system"), shape.system_len)
     unique = _lognormal(rng, shape.prompt_mean, shape.prompt_sigma, n, 4, shape.prompt_max)
     if trace == "openvid":
-        frames = _lognormal(rng, shape.output_mean / OPENVID_TOKENS_PER_FRAME, shape.output_sigma, n, 1,
-                            shape.output_max // OPENVID_TOKENS_PER_FRAME)
+        frames = _lognormal(
+            rng,
+            shape.output_mean / OPENVID_TOKENS_PER_FRAME,
+            shape.output_sigma,
+            n,
+            1,
+            shape.output_max // OPENVID_TOKENS_PER_FRAME,
+        )
         outputs = np.maximum(np.rint(frames * long_output_scale), 1).astype(np.int64) * OPENVID_TOKENS_PER_FRAME
     elif trace == "mmlu":
         outputs = 1 + rng.binomial(4, (shape.output_mean - 1) / 4, n)
@@ -84,13 +90,23 @@ def generate(trace: str, n: int, seed: int = 0, long_output_scale: float = 1.0) 
     prefixes: list[tuple[tuple[str, int], ...]]
     if trace == "mmlu":
         subjects = rng.integers(0, MMLU_SUBJECTS, n)
-        templates = [(system, (chain_hash(system[0], f"subject-{k}"), 400 + (k * 131) % 800))
-                     for k in range(MMLU_SUBJECTS)]
+        templates = [
+            (system, (chain_hash(system[0], f"subject-{k}"), 400 + (k * 131) % 800)) for k in range(MMLU_SUBJECTS)
+        ]
         prefixes = [templates[k] for k in subjects]
     else:
         prefixes = [(system,)] * n
     # An exact request is ``ignore_eos`` with ``max_new_tokens`` its known length; the others set a
     # cap they rarely reach, as API callers do.
-    return [SimRequest(f"{trace}-{i}", trace, prefixes[i], int(unique[i]), int(outputs[i]),
-                       int(outputs[i]) if shape.exact else max(shape.max_new_tokens, int(outputs[i])), shape.exact)
-            for i in range(n)]
+    return [
+        SimRequest(
+            f"{trace}-{i}",
+            trace,
+            prefixes[i],
+            int(unique[i]),
+            int(outputs[i]),
+            int(outputs[i]) if shape.exact else max(shape.max_new_tokens, int(outputs[i])),
+            shape.exact,
+        )
+        for i in range(n)
+    ]

@@ -14,8 +14,8 @@ BASE_BATCH_SIZE = 128
 
 
 class Pressure(Enum):
-    NONE = "none"          # every real-time candidate fit: grow
-    STEADY = "steady"      # stopped by batch size or memory: hold
+    NONE = "none"  # every real-time candidate fit: grow
+    STEADY = "steady"  # stopped by batch size or memory: hold
     VIOLATION = "violation"  # stopped by the time budget, or a request is late: reset
 
 

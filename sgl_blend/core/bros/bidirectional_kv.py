@@ -23,8 +23,9 @@ tensors in the tests), so the allocator itself never touches KV data.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -102,8 +103,11 @@ class BidirectionalKV:
 
     def own_room(self) -> dict[str, int]:
         """Free slots in each request's last block, which it alone grows into."""
-        return {rid: self._room(layout.tail) for rid, layout in self._layouts.items()
-                if layout.tail != NO_OWNER and self._room(layout.tail) > 0}
+        return {
+            rid: self._room(layout.tail)
+            for rid, layout in self._layouts.items()
+            if layout.tail != NO_OWNER and self._room(layout.tail) > 0
+        }
 
     def slots(self, rid: str) -> list[int]:
         return list(self._layouts[rid].slots) if rid in self._layouts else []
@@ -127,8 +131,11 @@ class BidirectionalKV:
     def best_effort_resident(self, exclude: Iterable[str] = ()) -> dict[str, int]:
         """Device slots of each BE request an RT request could take (Alg. 1's memory view)."""
         skip = set(exclude)
-        return {rid: layout.resident for rid, layout in self._layouts.items()
-                if not layout.realtime and rid not in skip and layout.resident}
+        return {
+            rid: layout.resident
+            for rid, layout in self._layouts.items()
+            if not layout.realtime and rid not in skip and layout.resident
+        }
 
     def _layout(self, rid: str, realtime: bool) -> _Layout:
         layout = self._layouts.get(rid)
@@ -141,8 +148,9 @@ class BidirectionalKV:
             raise ValueError(f"request {rid!r} already has slots as {'RT' if layout.realtime else 'BE'}")
         return layout
 
-    def allocate(self, rid: str, count: int, realtime: bool, protect: Iterable[str] = (),
-                 evict_order: Iterable[str] = ()) -> list[int] | None:
+    def allocate(
+        self, rid: str, count: int, realtime: bool, protect: Iterable[str] = (), evict_order: Iterable[str] = ()
+    ) -> list[int] | None:
         """Slots for ``count`` new tokens of ``rid``, in token order; None (and nothing
         changed for ``rid``) when they cannot be found. ``protect`` are requests running this
         iteration, whose KV must stay put; ``evict_order`` are whole requests that may go to
@@ -167,7 +175,7 @@ class BidirectionalKV:
             return None
         cursor = 0
         for positions, saved in layout.host:
-            target = claimed[cursor:cursor + len(positions)]
+            target = claimed[cursor : cursor + len(positions)]
             if self.store is not None:
                 self.store.copy_in(target, saved)
             for position, slot in zip(positions, target):

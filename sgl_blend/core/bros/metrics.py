@@ -95,8 +95,11 @@ class ServiceMetrics:
         span = self.end - self.start
         missed = 0
         if now is not None:
-            missed = sum(1 for live in self._live.values()
-                         if live.realtime and live.first is None and now - live.arrival > self.slo.ttft_s)
+            missed = sum(
+                1
+                for live in self._live.values()
+                if live.realtime and live.first is None and now - live.arrival > self.slo.ttft_s
+            )
 
         def share(part: int, whole: int) -> float | None:
             return part / whole if whole else None

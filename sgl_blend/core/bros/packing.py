@@ -34,8 +34,8 @@ Requests left out keep their KV where it is; nothing is retracted here.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize, Pressure
 from sgl_blend.core.bros.cost import IterationCost
@@ -86,8 +86,9 @@ class _Ledger:
         return self.fits(self.realtime + self.need(request), self.best_effort, self.takeable)
 
     def fits_best_effort(self, request: BrosRequest) -> bool:
-        return self.fits(self.realtime, self.best_effort + self.need(request),
-                         self.takeable - self.resident.get(request.rid, 0))
+        return self.fits(
+            self.realtime, self.best_effort + self.need(request), self.takeable - self.resident.get(request.rid, 0)
+        )
 
 
 @dataclass
@@ -107,11 +108,17 @@ class BrosPlan:
         return [*self.realtime, *self.best_effort]
 
     def summary(self) -> dict[str, object]:
-        return {"realtime": len(self.realtime), "best_effort": len(self.best_effort),
-                "budget_s": None if math.isinf(self.budget_s) else round(self.budget_s, 6),
-                "predicted_s": round(self.predicted_s, 6), "swap_tokens": self.swap_tokens,
-                "batch_size": self.batch_size, "pressure": self.pressure.value, "late": self.late,
-                "replaced": self.replaced}
+        return {
+            "realtime": len(self.realtime),
+            "best_effort": len(self.best_effort),
+            "budget_s": None if math.isinf(self.budget_s) else round(self.budget_s, 6),
+            "predicted_s": round(self.predicted_s, 6),
+            "swap_tokens": self.swap_tokens,
+            "batch_size": self.batch_size,
+            "pressure": self.pressure.value,
+            "late": self.late,
+            "replaced": self.replaced,
+        }
 
 
 class _Batch:
@@ -232,8 +239,9 @@ class BrosScheduler:
         self.batch_size.update(pressure)
         return BrosPlan(realtime, best_effort, budget, batch.time_with(), batch.swap, limit, pressure, late, replaced)
 
-    def _pack_realtime(self, cursor: MergedCursor, batch: _Batch, ledger: _Ledger, budget: float,
-                       limit: int) -> Pressure:
+    def _pack_realtime(
+        self, cursor: MergedCursor, batch: _Batch, ledger: _Ledger, budget: float, limit: int
+    ) -> Pressure:
         while (request := cursor.peek()) is not None:
             if len(batch) == limit:
                 return Pressure.STEADY
@@ -247,8 +255,9 @@ class BrosScheduler:
             ledger.realtime += ledger.need(request)
         return Pressure.NONE
 
-    def _pack_best_effort(self, cursor: MergedCursor, batch: _Batch, ledger: _Ledger, budget: float, limit: int,
-                          now: float) -> tuple[list[BrosRequest], int]:
+    def _pack_best_effort(
+        self, cursor: MergedCursor, batch: _Batch, ledger: _Ledger, budget: float, limit: int, now: float
+    ) -> tuple[list[BrosRequest], int]:
         replaced = 0
         for request in sorted(self.best_effort.values(), key=_swap_order):
             request.chunk = None
@@ -293,8 +302,16 @@ class BrosScheduler:
         request.chunk = max(low, floor)
         return True
 
-    def _may_replace(self, victim: BrosRequest, request: BrosRequest, batch: _Batch, ledger: _Ledger,
-                     budget: float, limit: int, now: float) -> bool:
+    def _may_replace(
+        self,
+        victim: BrosRequest,
+        request: BrosRequest,
+        batch: _Batch,
+        ledger: _Ledger,
+        budget: float,
+        limit: int,
+        now: float,
+    ) -> bool:
         if len(batch) > limit:
             return False
         time = batch.time_with(request, without=victim)
@@ -306,8 +323,14 @@ class BrosScheduler:
         ledger.best_effort += ledger.need(request)
         ledger.takeable -= ledger.resident.get(request.rid, 0)
 
-    def finish(self, plan: BrosPlan, now: float, finished: Iterable[str] = (), not_run: Iterable[str] = (),
-               measured_s: float | None = None) -> None:
+    def finish(
+        self,
+        plan: BrosPlan,
+        now: float,
+        finished: Iterable[str] = (),
+        not_run: Iterable[str] = (),
+        measured_s: float | None = None,
+    ) -> None:
         """The batch ran (``not_run`` could not get KV slots after all): advance, retire the
         finished, and put the other RT requests back at their new deadlines."""
         done, skipped = set(finished), set(not_run)

@@ -29,8 +29,9 @@ class SLO:
 
     def __post_init__(self) -> None:
         if not (self.ttft_s > 0 and self.tpot_s > 0 and self.idle_s > 0):
-            raise ValueError(f"SLOs must be positive seconds, got TTFT {self.ttft_s}, TPOT {self.tpot_s}, "
-                             f"idle {self.idle_s}")
+            raise ValueError(
+                f"SLOs must be positive seconds, got TTFT {self.ttft_s}, TPOT {self.tpot_s}, idle {self.idle_s}"
+            )
 
 
 @dataclass(eq=False, slots=True)

@@ -19,8 +19,8 @@ ledger expects (it counts only BE slots as takeable, `packing._Ledger`). Restori
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 
 @dataclass(frozen=True)

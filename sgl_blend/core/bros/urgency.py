@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 
@@ -76,7 +76,7 @@ class RealtimeQueues:
         taken = cursor.popped()
         for _ in range(cursor.waiting_taken):
             self.waiting.popleft()
-        del self._pending[:cursor.pending_taken], self._pending_keys[:cursor.pending_taken]
+        del self._pending[: cursor.pending_taken], self._pending_keys[: cursor.pending_taken]
         return taken
 
 
@@ -130,5 +130,5 @@ class MergedCursor:
 
     def popped(self) -> list[BrosRequest]:
         queues = self._queues
-        waiting, pending = iter(list(queues.waiting)[:self.waiting_taken]), iter(queues._pending[:self.pending_taken])
+        waiting, pending = iter(list(queues.waiting)[: self.waiting_taken]), iter(queues._pending[: self.pending_taken])
         return [next(waiting) if source else next(pending) for source in self._sources]

@@ -37,7 +37,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
 from sgl_blend.core.bros.cost import IterationCost
@@ -83,21 +84,34 @@ class BrosState:
         self.plans = 0
 
     def snapshot(self) -> dict[str, Any]:
-        return {"metrics": self.metrics.summary(time.monotonic()), "batch_size": self.batch_size.current,
-                "plans": self.plans, "last_plan": self.last_plan,
-                "average_iteration_s": round(self.average_iteration_s, 6)}
+        return {
+            "metrics": self.metrics.summary(time.monotonic()),
+            "batch_size": self.batch_size.current,
+            "plans": self.plans,
+            "last_plan": self.last_plan,
+            "average_iteration_s": round(self.average_iteration_s, 6),
+        }
 
     def request(self, req: Any, now: float, waiting: bool, host_tokens: int, prompt_done: int = 0) -> BrosRequest:
         """The core's view of an engine request. One in the waiting queue with output already was
         retracted by SGLang and recomputes prompt and output as one prefill; SGLang's chunked
         request has ``prompt_done`` of its prompt computed."""
         produced, last = self.tokens.get(req.rid, (0, None))
-        return BrosRequest(req.rid, not best_effort(req), getattr(req, "blend_arrival", now),
-                           max(len(req.origin_input_ids), 1), generated=produced, last_token_at=last,
-                           host_tokens=host_tokens, dropped=waiting and produced > 0, prompt_done=prompt_done)
+        return BrosRequest(
+            req.rid,
+            not best_effort(req),
+            getattr(req, "blend_arrival", now),
+            max(len(req.origin_input_ids), 1),
+            generated=produced,
+            last_token_at=last,
+            host_tokens=host_tokens,
+            dropped=waiting and produced > 0,
+            prompt_done=prompt_done,
+        )
 
-    def plan_iteration(self, scheduler: Any, running: list[Any], held: list[Any],
-                       host_tokens: Callable[[str], int]) -> BrosPlan:
+    def plan_iteration(
+        self, scheduler: Any, running: list[Any], held: list[Any], host_tokens: Callable[[str], int]
+    ) -> BrosPlan:
         """Rebuild the request set from the engine's requests and run Alg. 1 once."""
         now = time.monotonic()
         bros = BrosScheduler(self.cost, self.slo, self.batch_size)
@@ -110,8 +124,9 @@ class BrosState:
             requests.append(self.request(chunked, now, False, 0, int(chunked.prefix_len)))
         for request in sorted(requests, key=lambda r: (r.prefilled, r.arrival)):
             bros.submit(request)
-        resident = {req.rid: resident_tokens(req) for req in [*running, *held]
-                    if best_effort(req) and not req.finished()}
+        resident = {
+            req.rid: resident_tokens(req) for req in [*running, *held] if best_effort(req) and not req.finished()
+        }
         plan = bros.plan(now, MemoryState(free_kv_tokens(scheduler.tree_cache), best_effort_resident=resident))
         self.admit = {request.rid: position for position, request in enumerate(plan.requests) if request.rid in waiting}
         self.chunks = {request.rid: request.extend_tokens() for request in plan.best_effort if request.prompt_left()}
@@ -134,9 +149,11 @@ class BrosMode(Mode):
         self._forward_ct = -1
         self.counts = {"held_by_plan": 0, "empty_batch_resumes": 0, "chunked_by_plan": 0}
         # A warning, so it shows before SGLang has configured logging in the scheduler process.
-        logger.warning("sgl-blend bros mode: Alg. 1 by residual time with an adaptive batch size; BE decodes left "
-                       "out are held with their KV resident, RT requests short of KV take BE slots (checkpointed "
-                       "to host); the radix cache is disabled in this mode (each request owns its KV slots)")
+        logger.warning(
+            "sgl-blend bros mode: Alg. 1 by residual time with an adaptive batch size; BE decodes left "
+            "out are held with their KV resident, RT requests short of KV take BE slots (checkpointed "
+            "to host); the radix cache is disabled in this mode (each request owns its KV slots)"
+        )
 
     def _start(self, scheduler: Any) -> None:
         if self.scheduler is not None:
@@ -157,8 +174,7 @@ class BrosMode(Mode):
         state, held = live(self.state), live(self.held)
         held.sweep()
         self.checkpoint.forget(req.rid for req in held.requests())
-        plan = state.plan_iteration(scheduler, list(running_batch.reqs), held.requests(),
-                                         self.checkpoint.host_tokens)
+        plan = state.plan_iteration(scheduler, list(running_batch.reqs), held.requests(), self.checkpoint.host_tokens)
         chosen = [request.rid for request in plan.best_effort]
         keep = set(chosen)
         left_out = [req for req in running_batch.reqs if best_effort(req) and req.rid not in keep]
@@ -184,8 +200,12 @@ class BrosMode(Mode):
         return held.resume(scheduler, running_batch, ready)
 
     def _restorable(self, scheduler: Any, req: Any) -> bool:
-        return (self.checkpoint.host_tokens(req.rid) > 0 and not req.finished()
-                and self.checkpoint.restore(scheduler, req) and live(self.held).resumable(scheduler, req))
+        return (
+            self.checkpoint.host_tokens(req.rid) > 0
+            and not req.finished()
+            and self.checkpoint.restore(scheduler, req)
+            and live(self.held).resumable(scheduler, req)
+        )
 
     def _resume_one(self, scheduler: Any, running_batch: Any) -> Any:
         """Take back the held request with the least KV on host, making room from the other held
@@ -197,8 +217,9 @@ class BrosMode(Mode):
             return running_batch
         req = min(candidates, key=lambda r: self.checkpoint.host_tokens(r.rid))
         missing = self.checkpoint.host_tokens(req.rid) - free_kv_tokens(scheduler.tree_cache)
-        others = {other.rid: resident_tokens(other) for other in held.requests()
-                  if other is not req and not other.finished()}
+        others = {
+            other.rid: resident_tokens(other) for other in held.requests() if other is not req and not other.finished()
+        }
         for take in plan_takeover(missing, others, {}):
             self.checkpoint.take(scheduler, held.get(take.rid), take.tokens)
         resumed = self._resume(scheduler, running_batch, [req])
@@ -316,6 +337,13 @@ class BrosMode(Mode):
         if self.state is None:
             return {"bros": None}
         allocator = self.scheduler.token_to_kv_pool_allocator
-        return {"bros": {**self.state.snapshot(), "held": self.held.snapshot() if self.held is not None else None,
-                         "checkpoint": self.checkpoint.snapshot(), "takeover": {**self.takeover.counts, **self.counts},
-                         "kv_free": int(allocator.available_size()), "kv_total": int(allocator.size)}}
+        return {
+            "bros": {
+                **self.state.snapshot(),
+                "held": self.held.snapshot() if self.held is not None else None,
+                "checkpoint": self.checkpoint.snapshot(),
+                "takeover": {**self.takeover.counts, **self.counts},
+                "kv_free": int(allocator.available_size()),
+                "kv_total": int(allocator.size),
+            }
+        }

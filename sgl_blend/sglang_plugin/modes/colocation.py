@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sgl_blend.core.colocation import ColocationConfig, IterationPlan
 from sgl_blend.core.kv_priority import ReuserIndex
@@ -34,8 +35,18 @@ from sgl_blend.sglang_plugin.guard import guarded, live
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes
 from sgl_blend.sglang_plugin.modes.base import HELD_FAILED, Mode
 from sgl_blend.sglang_plugin.modes.colocation_engine import (
-    ColocationState, add_offline, add_online, hold_running, iteration_view, offline_newest_first, park_running,
-    release_to_cache, remaining_output, resume_held, retract_held, select_offline,
+    ColocationState,
+    add_offline,
+    add_online,
+    hold_running,
+    iteration_view,
+    offline_newest_first,
+    park_running,
+    release_to_cache,
+    remaining_output,
+    resume_held,
+    retract_held,
+    select_offline,
 )
 
 logger = logging.getLogger(__name__)
@@ -60,15 +71,23 @@ class ColocationMode(Mode):
             state.counts["parked_gone"] += state.parked.forget_missing(req.rid for req in scheduler.waiting_queue)
         state.held.sweep()
         echo = state.controller.config.mode == "echo"
-        plan = state.controller.begin(iteration_view(scheduler, batch, state.parked.pinned_tokens(), shares=echo,
-                                                     held=state.held.requests()))
+        plan = state.controller.begin(
+            iteration_view(scheduler, batch, state.parked.pinned_tokens(), shares=echo, held=state.held.requests())
+        )
         if plan.unpin_tokens:
             state.parked.drop_newest(plan.unpin_tokens)
         preempted = set(plan.preempt)
-        retract_held(state, scheduler, [req for req in state.held.requests() if req.rid in preempted],
-                     "preempted_for_memory")
-        park_running(state, scheduler, batch, [req for req in batch.reqs if req.rid in preempted],
-                     "preempted_for_memory", pin=False)
+        retract_held(
+            state, scheduler, [req for req in state.held.requests() if req.rid in preempted], "preempted_for_memory"
+        )
+        park_running(
+            state,
+            scheduler,
+            batch,
+            [req for req in batch.reqs if req.rid in preempted],
+            "preempted_for_memory",
+            pin=False,
+        )
         hold_running(state, scheduler, batch, set(plan.park))
         state.plan = plan
         return plan
@@ -77,16 +96,18 @@ class ColocationMode(Mode):
         """Online requests short of request slots take them from offline work: held requests
         first (they keep a slot without running), then the newest running ones."""
         state = live(self.state)
-        short = waiting_online - scheduler.get_num_allocatable_reqs(len(running_batch.reqs),
-                                                                    running_batch=running_batch)
+        short = waiting_online - scheduler.get_num_allocatable_reqs(
+            len(running_batch.reqs), running_batch=running_batch
+        )
         if short <= 0:
             return
         held = list(reversed(state.held.requests()))[:short]
         retract_held(state, scheduler, held, "slots_reclaimed")
         short -= len(held)
         if short > 0:
-            park_running(state, scheduler, running_batch, offline_newest_first(running_batch)[:short],
-                         "slots_reclaimed")
+            park_running(
+                state, scheduler, running_batch, offline_newest_first(running_batch)[:short], "slots_reclaimed"
+            )
 
     def before_prefill(self, scheduler: Any, running_batch: Any) -> Any:
         planned = self._plan_prefill(scheduler, running_batch)
@@ -119,8 +140,11 @@ class ColocationMode(Mode):
         chunked = scheduler.chunked_req
         state.continuing = None
         if chunked is not None and is_offline(chunked.routing_key):
-            state.continuing = (len(chunked.full_untruncated_fill_ids) - chunked.prefix_len, chunked.prefix_len,
-                                remaining_output(chunked))
+            state.continuing = (
+                len(chunked.full_untruncated_fill_ids) - chunked.prefix_len,
+                chunked.prefix_len,
+                remaining_output(chunked),
+            )
         state.may_truncate = chunked is None and scheduler.chunked_prefill_size is not None
         return running_batch
 
@@ -197,11 +221,15 @@ class ColocationMode(Mode):
     @guarded("state", FAILED)
     def after_chunked(self, adder: Any, req: Any, still_chunked: bool) -> None:
         plan = live(self.state).plan
-        if (plan is None or not is_offline(req.routing_key)
-                or not (adder.can_run_list and adder.can_run_list[-1] is req)):
+        if (
+            plan is None
+            or not is_offline(req.routing_key)
+            or not (adder.can_run_list and adder.can_run_list[-1] is req)
+        ):
             return
-        plan.budget.commit_offline_prefill(req.extend_end - req.prefix_len, req.prefix_len, not still_chunked,
-                                           remaining_output(req))
+        plan.budget.commit_offline_prefill(
+            req.extend_end - req.prefix_len, req.prefix_len, not still_chunked, remaining_output(req)
+        )
         if still_chunked:
             adder.rem_chunk_tokens = 0
 

@@ -25,10 +25,16 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sgl_blend.core.colocation import (
-    ColocationConfig, ColocationController, IterationPlan, IterationView, RunningRequest, WaitingOnline,
+    ColocationConfig,
+    ColocationController,
+    IterationPlan,
+    IterationView,
+    RunningRequest,
+    WaitingOnline,
 )
 from sgl_blend.core.echo_plan import CANDIDATE_WINDOW, OfflineCandidate
 from sgl_blend.core.kv_priority import ReuserIndex
@@ -58,13 +64,19 @@ class ColocationState:
 
     def snapshot(self) -> dict[str, Any]:
         config = self.controller.config
-        return {"mode": config.mode, "latency_budget_s": config.latency_budget_s,
-                "headroom_s": config.headroom_s,
-                "latency_model": (config.latency_model or {}).get("form"),
-                "calibration": round(self.controller.calibration, 4), "counts": dict(self.counts),
-                "held": self.held.snapshot(),
-                "parked_now": len(self.parked), "pinned_tokens": self.parked.pinned_tokens(),
-                "dropped_pinned_tokens": self.parked.dropped_tokens, "resumes": list(self.resumes)}
+        return {
+            "mode": config.mode,
+            "latency_budget_s": config.latency_budget_s,
+            "headroom_s": config.headroom_s,
+            "latency_model": (config.latency_model or {}).get("form"),
+            "calibration": round(self.controller.calibration, 4),
+            "counts": dict(self.counts),
+            "held": self.held.snapshot(),
+            "parked_now": len(self.parked),
+            "pinned_tokens": self.parked.pinned_tokens(),
+            "dropped_pinned_tokens": self.parked.dropped_tokens,
+            "resumes": list(self.resumes),
+        }
 
 
 def remaining_output(req: Any) -> int:
@@ -89,24 +101,49 @@ def shared_with_others(req: Any) -> int:
     return shared
 
 
-def iteration_view(scheduler: Any, running_batch: Any, parked_tokens: int = 0, shares: bool = False,
-                   held: Sequence[Any] = ()) -> IterationView:
+def iteration_view(
+    scheduler: Any, running_batch: Any, parked_tokens: int = 0, shares: bool = False, held: Sequence[Any] = ()
+) -> IterationView:
     """``held``: offline decodes held out of the batch, which the plan may keep (put back) or park
     again like the running ones. ``shares``: fill in what each running offline request shares with
     other locks (Echo's preemption punishment reads it; HyGen does not, so it is not walked for)."""
     now = time.monotonic()
-    running = [RunningRequest(req.rid, not is_offline(req.routing_key), _context(req), remaining_output(req),
-                              getattr(req, "blend_arrival", now), len(req.output_ids),
-                              shared_with_others(req) if shares and is_offline(req.routing_key) else 0)
-               for req in [*running_batch.reqs, *held] if not req.finished()]
-    waiting = [WaitingOnline(req.rid, _context(req), remaining_output(req), getattr(req, "blend_arrival", now))
-               for req in scheduler.waiting_queue if not is_offline(req.routing_key)]
+    running = [
+        RunningRequest(
+            req.rid,
+            not is_offline(req.routing_key),
+            _context(req),
+            remaining_output(req),
+            getattr(req, "blend_arrival", now),
+            len(req.output_ids),
+            shared_with_others(req) if shares and is_offline(req.routing_key) else 0,
+        )
+        for req in [*running_batch.reqs, *held]
+        if not req.finished()
+    ]
+    waiting = [
+        WaitingOnline(req.rid, _context(req), remaining_output(req), getattr(req, "blend_arrival", now))
+        for req in scheduler.waiting_queue
+        if not is_offline(req.routing_key)
+    ]
     chunked = scheduler.chunked_req
     if chunked is not None and not is_offline(chunked.routing_key):
-        waiting.append(WaitingOnline(chunked.rid, len(chunked.origin_input_ids) - chunked.prefix_len,
-                                     remaining_output(chunked), getattr(chunked, "blend_arrival", now)))
-    return IterationView(now, running, waiting, int(scheduler.token_to_kv_pool_allocator.size),
-                         scheduler.chunked_prefill_size, parked_tokens)
+        waiting.append(
+            WaitingOnline(
+                chunked.rid,
+                len(chunked.origin_input_ids) - chunked.prefix_len,
+                remaining_output(chunked),
+                getattr(chunked, "blend_arrival", now),
+            )
+        )
+    return IterationView(
+        now,
+        running,
+        waiting,
+        int(scheduler.token_to_kv_pool_allocator.size),
+        scheduler.chunked_prefill_size,
+        parked_tokens,
+    )
 
 
 def release_to_cache(state: ColocationState, req: Any, tree_cache: Any, pin: bool) -> None:
@@ -119,8 +156,9 @@ def release_to_cache(state: ColocationState, req: Any, tree_cache: Any, pin: boo
     state.counts["parked"] += 1
 
 
-def park_running(state: ColocationState, scheduler: Any, batch: Any, reqs: list[Any], reason: str,
-                 pin: bool = True) -> None:
+def park_running(
+    state: ColocationState, scheduler: Any, batch: Any, reqs: list[Any], reason: str, pin: bool = True
+) -> None:
     """Take ``reqs`` out of the running batch back to the waiting queue; ``pin`` keeps their
     checkpointed KV resident until they return (`ParkedKV`)."""
     if not reqs:
@@ -165,8 +203,9 @@ def retract_held(state: ColocationState, scheduler: Any, reqs: list[Any], reason
 
 
 def offline_newest_first(batch: Any, exclude: Any = ()) -> list[Any]:
-    return [req for req in reversed(batch.reqs)
-            if is_offline(req.routing_key) and not req.finished() and req not in exclude]
+    return [
+        req for req in reversed(batch.reqs) if is_offline(req.routing_key) and not req.finished() and req not in exclude
+    ]
 
 
 def add_offline(state: ColocationState, adder: Any, req: Any, has_chunked_req: bool, add: Callable[[], Any]) -> Any:
@@ -243,9 +282,17 @@ def offline_candidates(waiting_queue: list, tree_cache: Any, reusers: ReuserInde
         fill = _context(req)
         prefix = min(int(req.prefix_len), fill - 1)
         prompt = req.origin_input_ids
-        shared = reusers.reusers(prompt[:min(prefix, len(prompt))]) - 1 if reusers is not None and prefix else 0
-        candidates.append(OfflineCandidate(req.rid, fill - prefix, prefix, remaining_output(req),
-                                           fresh=not req.retraction_count, reusers=max(shared, 0)))
+        shared = reusers.reusers(prompt[: min(prefix, len(prompt))]) - 1 if reusers is not None and prefix else 0
+        candidates.append(
+            OfflineCandidate(
+                req.rid,
+                fill - prefix,
+                prefix,
+                remaining_output(req),
+                fresh=not req.retraction_count,
+                reusers=max(shared, 0),
+            )
+        )
     return candidates
 
 
@@ -254,8 +301,12 @@ def select_offline(state: ColocationState, waiting_queue: list, tree_cache: Any,
     plan = state.plan
     assert plan is not None, "the mode selects only under an Echo iteration's plan"
     offline = [req for req in waiting_queue if is_offline(req.routing_key)]
-    admit = state.controller.choose_offline(plan, offline_candidates(waiting_queue, tree_cache, reusers),
-                                            continuing=state.continuing, truncate=state.may_truncate)
+    admit = state.controller.choose_offline(
+        plan,
+        offline_candidates(waiting_queue, tree_cache, reusers),
+        continuing=state.continuing,
+        truncate=state.may_truncate,
+    )
     if not offline:
         return
     by_rid = {req.rid: req for req in offline}

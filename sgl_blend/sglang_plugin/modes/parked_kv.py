@@ -20,8 +20,9 @@ A preemption for memory does not pin: that KV is given back on purpose.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 
 @dataclass
