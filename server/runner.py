@@ -6,8 +6,9 @@ runs each line with the offline routing key and its placement, so the scheduler'
 orders it among every other offline line: through SGLang's own OpenAI handlers in this process
 (`server.in_process`), or through another server's line route (`server.transports`).
 
-A batch streams: validation reads its input once, a chunk at a time in a worker thread, converting
-each line once (which tokenises it), and hands each stored chunk to the feed at once
+A batch streams: validation reads its input twice in a worker thread -- once to count its lines (a
+file with none, or too many, fails before anything is stored), then a chunk at a time, converting
+each line once (which tokenises it) -- and hands each stored chunk to the feed at once
 (`server.planning`), so the engine runs the first lines while the rest is still being read;
 nothing about a batch is kept whole in memory beyond the lines not yet answered. Lines are spread
 over the live slots of the workers (`server.workers`, one slot per DP rank) by BlendServe's DP
@@ -298,7 +299,7 @@ class BatchRunner:
         return not batch.lines and not batch.inflight and self._writer.pending(batch.id) == 0
 
     async def _validate(self, batch: ActiveBatch) -> None:
-        """Read the batch's input once, feeding each stored chunk's lines as it lands."""
+        """Validate the batch's input, feeding each stored chunk's lines as it lands."""
         row = batch.row
         loop = asyncio.get_running_loop()
 
