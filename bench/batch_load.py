@@ -81,6 +81,13 @@ def _ms(seconds: float | None) -> float | None:
     return round(seconds * 1000, 2) if seconds is not None else None
 
 
+def plot_cdf(axis: Any, seconds: list[float], label: str) -> None:
+    """The empirical CDF of latencies, in milliseconds, on ``axis``: tails show where P99s do not."""
+    ordered = sorted(seconds)
+    axis.plot([value * 1000 for value in ordered], [(index + 1) / len(ordered) for index in range(len(ordered))],
+              label=label)
+
+
 async def poisson(rate: float, seconds: float, seed: int, one: Callable[[int], Awaitable[None]]) -> None:
     """``one(index)`` started at Poisson arrivals of ``rate`` per second for ``seconds``; returns
     once every one has ended."""
@@ -255,9 +262,7 @@ def plot(report: dict, path: Path) -> None:
 
     fig, (ttft, memory) = plt.subplots(1, 2, figsize=(11, 4))
     for name, values in report["loaded"]["ttfts"].items():
-        ordered = sorted(values)
-        ttft.plot([value * 1000 for value in ordered], [(index + 1) / len(ordered) for index in range(len(ordered))],
-                  label=name.replace("_", "-"))
+        plot_cdf(ttft, values, name.replace("_", "-"))
     ttft.set_xlabel("online TTFT (ms)")
     ttft.set_ylabel("fraction of requests")
     ttft.legend()

@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import openai
 
-from bench.batch_load import poisson, summary
+from bench.batch_load import plot_cdf, poisson, summary
 from sgl_blend.emulation.launch import emulated_launch
 from sgl_blend.jobs.fresh_server import run_on_fresh_server
 from sgl_blend.jobs.run_batch import JobOptions
@@ -191,9 +191,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     rates.set_ylabel("lines per second")
     rates.set_title(f"{report['lines']:,} lines, emulated {DEVICE}, free forwards")
     for name, values in report["server"]["latencies"].items():
-        ordered = sorted(values)
-        latency.plot([value * 1000 for value in ordered], [(index + 1) / len(ordered) for index in range(len(ordered))],
-                     label=name.replace("_", " "))
+        plot_cdf(latency, values, name.replace("_", " "))
     latency.set_xscale("log")
     latency.set_xlabel("latency (ms)")
     latency.set_ylabel("fraction of requests")

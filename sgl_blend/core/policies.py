@@ -351,9 +351,9 @@ class PlannedPolicy(ABC):
             state = self._by_rid[rid]
             index = state.index
             if self.computes_prefixes_once:
-                for node in self._shared_path(index):
-                    if node.first_admitted < 0:
-                        node.first_admitted = self._iteration
+                state.computes = tuple(node for node in self._shared_path(index) if node.first_admitted < 0)
+                for node in state.computes:
+                    node.first_admitted = self._iteration
             state.side = SAMPLE_SIDE if state.sample else state.proposed or COMPUTE
             state.proposed = None
             self._set_status(state, Status.RUNNING)
@@ -362,6 +362,16 @@ class PlannedPolicy(ABC):
                 self._estimates_stale = True
             elif self.scanner is not None:
                 self.scanner.admit(index, state.side)
+
+    def prefill_continues(self, rid: str) -> None:
+        """The engine gave a chunked request its next prefill chunk. The shared prefix it was first
+        to admit is still being computed: it reaches the cache only after its last chunk, so its
+        nodes count as admitted now, and requests sharing it wait on (`_prefix_in_flight`). No
+        stall: this comes only from a forward that runs the request."""
+        state = self._by_rid.get(rid)
+        if state is not None:
+            for node in state.computes:
+                node.first_admitted = self._iteration
 
     def progress(self, rid: str, decoded_tokens: int) -> None:
         state = self._by_rid.get(rid)

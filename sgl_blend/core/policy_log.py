@@ -66,6 +66,10 @@ class RecordedPolicy:
         self._log("admitted", rids)
         self.inner.admitted(rids)
 
+    def prefill_continues(self, rid: str) -> None:
+        self._log("prefill_continues", rid)
+        self.inner.prefill_continues(rid)
+
     def progress(self, rid: str, decoded_tokens: int) -> None:
         self._log("progress", rid, int(decoded_tokens))
         self.inner.progress(rid, decoded_tokens)

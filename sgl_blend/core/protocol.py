@@ -41,7 +41,8 @@ class AdmissionPolicy(Protocol):
        Requests not admitted stay pending and may be proposed again.
     3. While requests run, the engine reports `progress` (tokens decoded so far) so the policy can
        adapt, `preempted` when it retracts a request (it becomes pending again), and `finished`
-       with the real output length.
+       with the real output length. `prefill_continues` when the engine gives a chunked
+       request its next prefill chunk: the prefix it computes is not cached until the last one.
     4. `withdraw` removes a pending request that will never run (its client aborted it).
     5. `advance(iterations)` after every forward pass (a closed-form stretch of decode-only
        iterations reports them all at once): the policy's clock. A policy that paces admissions
@@ -65,6 +66,8 @@ class AdmissionPolicy(Protocol):
     def propose(self, free_kv_tokens: int, max_requests: int) -> list[OfflineRequest]: ...
 
     def admitted(self, rids: Iterable[str]) -> None: ...
+
+    def prefill_continues(self, rid: str) -> None: ...
 
     def progress(self, rid: str, decoded_tokens: int) -> None: ...
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from sgl_blend.core.placement import Placement
+from sgl_blend.core.prefix_tree import Node
 from sgl_blend.core.protocol import OfflineRequest
 
 
@@ -42,6 +43,8 @@ class RequestState:
     """The side it was admitted to while it runs (the sample side, or a scan side)."""
     reuse: int | None = None
     """Prompt tokens it reuses from the request before it in the current plan; None outside one."""
+    computes: tuple[Node, ...] = ()
+    """The shared prefix nodes its admission was the first to compute: in flight while it prefills."""
 
     @property
     def rid(self) -> str:

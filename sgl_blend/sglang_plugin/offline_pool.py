@@ -162,6 +162,12 @@ class OfflinePool:
         """The policy's prefill tokens for this iteration (None: SGLang's chunk stands)."""
         return self.policy.prefill_token_budget()
 
+    def on_prefill_continues(self, req: SchedulerReq) -> None:
+        """SGLang gave a chunked offline request its next chunk: its prefix is not cached yet."""
+        tracked = self._tracked.get(req.rid)
+        if tracked is not None and tracked.status is Status.RUNNING:
+            self.policy.prefill_continues(req.rid)
+
     def on_admitted(self, req: SchedulerReq, tree_cache: Any = None) -> None:
         tracked = self._tracked.get(req.rid)
         if tracked is not None and tracked.status is Status.PENDING:

@@ -39,6 +39,7 @@ def prefill_adder_class(runtime: PluginRuntime) -> type:
             if limit is not None:
                 self.chunked_req_limit = limit if self.chunked_req_limit is None else min(self.chunked_req_limit, limit)
             result = super().add_chunked_req(req)
+            runtime.prefill_continues(req)
             runtime.mode.after_chunked(self, req, result is not None)
             return result
 

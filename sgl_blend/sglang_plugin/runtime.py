@@ -128,6 +128,10 @@ class PluginRuntime:
     def admitted(self, req: Any, tree_cache: Any) -> None:
         live(self.pool).on_admitted(req, tree_cache)
 
+    @guarded("pool", POOL_FAILED)
+    def prefill_continues(self, req: Any) -> None:
+        live(self.pool).on_prefill_continues(req)
+
     def note_arrival(self, scheduler: Any, req: Any) -> None:
         """A request entered the waiting queue for the first time (not a retracted one coming back)."""
         if not is_offline(req.routing_key):

@@ -154,3 +154,21 @@ def test_a_held_request_is_released_on_an_idle_engine() -> None:
     policy.advance(1)
     policy.finished("r0", 1)
     assert [request.rid for request in policy.propose(100_000, 8)] == ["r1"]
+
+
+def test_a_request_waits_while_the_prefix_it_shares_is_still_being_prefilled_in_chunks() -> None:
+    """A prefix longer than the engine's chunk reaches the radix cache only after its last chunk:
+    the engine reports each further chunk (`prefill_continues`), and the request sharing the
+    prefix is held until that chunk's forward is processed, not released two forwards after the
+    first chunk to compute the rest of the prefix again."""
+    policy = _dfs_policy(2, _sharing_pair(output=8))
+    assert [request.rid for request in policy.propose(100_000, 8)] == ["r0"]
+    policy.admitted(["r0"])
+    for _ in range(3):  # three more chunks
+        policy.advance(1)
+        policy.prefill_continues("r0")
+        assert policy.propose(100_000, 8) == []
+    policy.advance(1)
+    assert policy.propose(100_000, 8) == []
+    policy.advance(1)
+    assert [request.rid for request in policy.propose(100_000, 8)] == ["r1"]
