@@ -351,7 +351,10 @@ class PlannedPolicy(ABC):
             state = self._by_rid[rid]
             index = state.index
             if self.computes_prefixes_once:
-                state.computes = tuple(node for node in self._shared_path(index) if node.first_admitted < 0)
+                # Its whole path, unshared nodes too: a request arriving later that shares part
+                # of it splits the node, and the shared upper part keeps the mark.
+                path = self.tree.path(self.tree.node_of[index])[1:]
+                state.computes = tuple(node for node in path if node.first_admitted < 0)
                 for node in state.computes:
                     node.first_admitted = self._iteration
             state.side = SAMPLE_SIDE if state.sample else state.proposed or COMPUTE

@@ -172,3 +172,18 @@ def test_a_request_waits_while_the_prefix_it_shares_is_still_being_prefilled_in_
     assert policy.propose(100_000, 8) == []
     policy.advance(1)
     assert [request.rid for request in policy.propose(100_000, 8)] == ["r1"]
+
+
+def test_a_request_arriving_after_the_first_of_its_family_was_admitted_waits_for_its_prefix() -> None:
+    """A runner refilling the engine sends a family's lines a few at a time: the first is admitted
+    while its prefix is still its own, and the next, arriving a forward later, shares it. That
+    one waits until the first's forward is processed instead of computing the prefix again."""
+    first, second = _sharing_pair(output=8)
+    policy = _dfs_policy(2, [first])
+    assert [request.rid for request in policy.propose(100_000, 8)] == ["r0"]
+    policy.admitted(["r0"])
+    policy.advance(1)
+    policy.submit([second])
+    assert policy.propose(100_000, 8) == []
+    policy.advance(1)
+    assert [request.rid for request in policy.propose(100_000, 8)] == ["r1"]
