@@ -367,10 +367,10 @@ class PlannedPolicy(ABC):
                 self.scanner.admit(index, state.side)
 
     def prefill_continues(self, rid: str) -> None:
-        """The engine gave a chunked request its next prefill chunk. The shared prefix it was first
-        to admit is still being computed: it reaches the cache only after its last chunk, so its
-        nodes count as admitted now, and requests sharing it wait on (`_prefix_in_flight`). No
-        stall: this comes only from a forward that runs the request."""
+        """The engine gave a chunked request its next prefill chunk. The prefix it was the first
+        to compute reaches the cache only after its last chunk, so its nodes count as admitted
+        now, and requests sharing them wait on (`_prefix_in_flight`). No stall: this comes only
+        from a forward that runs the request."""
         state = self._by_rid.get(rid)
         if state is not None:
             for node in state.computes:

@@ -44,7 +44,8 @@ class RequestState:
     reuse: int | None = None
     """Prompt tokens it reuses from the request before it in the current plan; None outside one."""
     computes: tuple[Node, ...] = ()
-    """The shared prefix nodes its admission was the first to compute: in flight while it prefills."""
+    """The prefix-tree nodes of its prompt it was the first admitted to compute: in flight while it
+    prefills, for every request that shares them (`PlannedPolicy._prefix_in_flight`)."""
 
     @property
     def rid(self) -> str:
