@@ -17,7 +17,6 @@ as SGLang's own routes do.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -28,6 +27,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from sgl_blend.batch_lines.lines import SUPPORTED_URLS, BatchLine, parse_record
+from sgl_blend.server.auth import BatchKeys
+from sgl_blend.server.errors import ApiError
 
 LINES_PATH = "/sgl_blend/lines"
 ABORT_PATH = "/sgl_blend/lines/abort"
@@ -38,16 +39,19 @@ def line_route_app(engine: Callable[[], Any], keys: tuple[str, ...]) -> Starlett
     """``engine``: this server's `InProcessEngine` once SGLang has started (None before);
     ``keys``: the Bearer tokens the route takes (none: open)."""
 
-    def authorised(request: Request) -> bool:
-        if not keys:
-            return True
-        given = request.headers.get("authorization", "")
-        token = given[7:] if given.lower().startswith("bearer ") else ""
-        return any(hmac.compare_digest(token, key) for key in keys)
+    accepted = BatchKeys(user_keys=keys)
+
+    def refused(request: Request) -> Response | None:
+        """A 401 for a request without one of ``keys`` (the Batch API's own bearer check)."""
+        try:
+            accepted.caller(request.headers.get("authorization"))
+        except ApiError:
+            return JSONResponse({"error": {"message": "invalid API key", "type": "authentication_error"}}, 401)
+        return None
 
     async def run_lines(request: Request) -> Response:
-        if not authorised(request):
-            return JSONResponse({"error": {"message": "invalid API key", "type": "authentication_error"}}, 401)
+        if (refusal := refused(request)) is not None:
+            return refusal
         running = engine()
         if running is None:
             return JSONResponse({"error": {"message": "the server is starting", "type": "unavailable"}}, 503)
@@ -61,8 +65,8 @@ def line_route_app(engine: Callable[[], Any], keys: tuple[str, ...]) -> Starlett
         return StreamingResponse(_answers(running, calls), media_type="application/x-ndjson")
 
     async def abort_lines(request: Request) -> Response:
-        if not authorised(request):
-            return JSONResponse({"error": {"message": "invalid API key", "type": "authentication_error"}}, 401)
+        if (refusal := refused(request)) is not None:
+            return refusal
         running = engine()
         try:
             rids = [str(rid) for rid in (await request.json())["rids"]]

@@ -273,10 +273,14 @@ class PlannedPolicy(ABC):
             self.scanner.advance(iterations)
         self._iteration += iterations
 
+    def _path(self, index: int) -> list[Node]:
+        """The nodes of a request's prompt, root excluded."""
+        return self.tree.path(self.tree.node_of[index])[1:]
+
     def _shared_path(self, index: int) -> list[Node]:
         """The nodes of a request's prompt it shares with other requests (its own node too when
         another request ends there or below it)."""
-        path = self.tree.path(self.tree.node_of[index])[1:]
+        path = self._path(index)
         return path if path and path[-1].count > 1 else path[:-1]
 
     def _prefix_in_flight(self, index: int, tentative: set[int]) -> bool:
@@ -353,8 +357,7 @@ class PlannedPolicy(ABC):
             if self.computes_prefixes_once:
                 # Its whole path, unshared nodes too: a request arriving later that shares part
                 # of it splits the node, and the shared upper part keeps the mark.
-                path = self.tree.path(self.tree.node_of[index])[1:]
-                state.computes = tuple(node for node in path if node.first_admitted < 0)
+                state.computes = tuple(node for node in self._path(index) if node.first_admitted < 0)
                 for node in state.computes:
                     node.first_admitted = self._iteration
             state.side = SAMPLE_SIDE if state.sample else state.proposed or COMPUTE
