@@ -1,5 +1,6 @@
-"""Split brain on a shared PostgreSQL store: the coordinating runner is stopped (SIGSTOP) with lines
-in flight, past its lease, while a second runner takes the batch over and commits; then it is
+"""Split brain on a shared PostgreSQL store: the coordinating runner is stopped (SIGSTOP, which it
+sends itself just after its second commit, so lines are still unfinished) with lines in flight,
+past its lease, while a second runner takes the batch over and commits; then it is
 resumed (SIGCONT) and finishes its lines as if nothing happened. Its fenced commits fail (the
 batch's row says another runner holds it, and is locked while that one commits), its appends land
 on files that no longer end where it thinks, and the batch completes with 0 violations."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -31,15 +33,20 @@ def test_a_stalled_coordinator_resumes_after_a_take_over(postgres_url: str, batc
         return RunnerConfig(store_url, data_dir, batch_server.base_url, API_KEY, owner=owner,
                             log_path=tmp_path / f"{owner}.log", lease_s=LEASE_S, max_inflight=2)
 
-    first_config, second_config = config("first"), config("second")
+    first_config, second_config = replace(config("first"), kill_at="after_commit:2:stop"), config("second")
     with opened(store_url, data_dir) as store, running(first_config) as first:
-        stalled_at = wait_for(lambda: store.get_batch(batch_id).completed >= 3 and store.get_batch(batch_id).completed,
-                              "the first runner to commit lines")
-        os.kill(first.pid, signal.SIGSTOP)  # a failed wait below leaves it to `running`'s SIGKILL
-        with running(second_config) as second:
+        wait_for(lambda: stopped(first.pid), "the first runner to stop itself after its second commit")
+        stalled_at = store.get_batch(batch_id).completed
+        assert 0 < stalled_at < len(custom_ids)
+        with running(second_config) as second:  # a failed wait leaves the stopped one to `running`'s SIGKILL
             wait_for(lambda: (row := store.get_batch(batch_id)).owner == "second" and row.completed > stalled_at,
                      "the second runner to take the batch over and commit")
             os.kill(first.pid, signal.SIGCONT)
             finished(second, second_config)
         finished(first, first_config)
     assert all_violations(store_url, data_dir, {batch_id: custom_ids}) == []
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (its state in ``/proc``, after the name's parentheses)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
