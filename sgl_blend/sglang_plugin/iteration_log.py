@@ -4,10 +4,10 @@ One record per batch SGLang runs, keyed by its ``forward_iter``: the batch's `Ba
 the latency models read), how many online and offline requests it prefilled and decoded, the
 forward time (``forward_s``, `run_batch`) and the launch-to-launch period of the scheduler loop
 (``period_s``: the previous batch's forward plus the scheduling and result processing around
-it; SGLang overlaps result processing with the next forward, so a batch's own end-to-end time
-is not a quantity the loop has). Online requests are also followed from
-arrival -- the iteration count when SGLang queued them -- to the first batch that ran them, so
-"admitted in the next iteration" is checked in iterations, not seconds.
+it, absent after the engine was idle; SGLang overlaps result processing with the next forward,
+so a batch's own end-to-end time is not a quantity the loop has). Online requests are also
+followed from arrival -- the iteration count when SGLang queued them -- to the first batch that
+ran them, so "admitted in the next iteration" is checked in iterations, not seconds.
 
 The last records are published in ``/server_info``; with the settings' ``iteration_log`` set,
 every record is also appended to that JSONL file (what `sgl-blend profile --latency` fits on).
@@ -73,6 +73,11 @@ class IterationRecorder:
         self._last_launch: float | None = None
         self._log: TextIO | None = open(log_path, "a") if log_path else None
         self.plan_summary: dict[str, Any] = {}
+
+    def idle(self) -> None:
+        """The engine has nothing to run: the next launch starts no period (idle time is not an
+        iteration's)."""
+        self._last_launch = None
 
     def arrived(self, rid: str, iterations_so_far: int) -> None:
         """An online request entered the waiting queue after ``iterations_so_far`` batches.

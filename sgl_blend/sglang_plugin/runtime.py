@@ -147,7 +147,10 @@ class PluginRuntime:
 
     def idle(self, sglang_idle: bool) -> bool:
         """SGLang finds nothing to do; it is not idle while the mode holds decodes."""
-        return sglang_idle and not self.mode.holding()
+        idle = sglang_idle and not self.mode.holding()
+        if idle:
+            self._record_idle()
+        return idle
 
     def aborted(self, scheduler: Any, recv_req: Any) -> None:
         """SGLang has aborted what it can see of ``recv_req``; held decodes are the mode's."""
@@ -177,6 +180,10 @@ class PluginRuntime:
     @guarded("recorder", RECORD_FAILED)
     def _record_arrival(self, scheduler: Any, req: Any) -> None:
         live(self.recorder).arrived(req.rid, int(scheduler.forward_ct))
+
+    @guarded("recorder", RECORD_FAILED)
+    def _record_idle(self) -> None:
+        live(self.recorder).idle()
 
     @guarded("recorder", RECORD_FAILED)
     def _record_plan(self, summary: dict[str, Any] | None) -> None:

@@ -16,6 +16,7 @@ from sgl_blend.core.colocation import (
 from sgl_blend.core.latency_model import LinearLatencyModel
 from sgl_blend.core.state_budget import NEAR_ZERO_FRACTION
 from sgl_blend.core.psm_policy import utility_order
+from sgl_blend.sglang_plugin.modes.colocation import ColocationMode
 
 # 1 ms per iteration, 10 µs per prefill token, 1 µs per decode context token.
 MODEL = LinearLatencyModel("hygen", (1e-3, 1e-5, 1e-6, 0.0, 0.0, 0.0, 0.0))
@@ -154,6 +155,21 @@ def test_calibration_scales_predictions_toward_what_batches_really_took() -> Non
     frozen = controller(latency_budget_s=0.004, calibration_alpha=0.0)
     frozen.observe(0.002, 0.006)
     assert frozen.calibration == 1.0
+
+
+def test_the_mode_calibrates_on_the_period_online_requests_wait_not_the_forward_alone() -> None:
+    """A host-bound engine: forwards of 1 ms, launched every 30 ms. A batch's period is measured
+    at the next launch, and a launch after an idle spell measures none."""
+    mode = ColocationMode(ColocationConfig(mode="hygen", latency_budget_s=0.01, calibration_alpha=1.0,
+                                           latency_model=MODEL.to_dict()))
+    mode.forward_done({"model_s": 0.01, "forward_s": 0.001}, 0.001)  # the first batch: no period yet
+    assert mode.state is not None and mode.state.controller.calibration == 1.0
+    mode.forward_done({"model_s": 0.02, "forward_s": 0.001, "period_s": 0.03}, 0.001)
+    assert mode.state.controller.calibration == pytest.approx(3.0)  # the first batch: 30 ms over 10 ms
+    mode.forward_done({"model_s": 0.01, "forward_s": 0.001}, 0.001)  # after an idle spell
+    assert mode.state.controller.calibration == pytest.approx(3.0)
+    mode.forward_done({"model_s": 0.01, "forward_s": 0.001, "period_s": 0.005}, 0.001)
+    assert mode.state.controller.calibration == pytest.approx(0.5)
 
 
 def test_hygen_budget_switches_with_the_online_state() -> None:

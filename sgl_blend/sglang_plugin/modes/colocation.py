@@ -202,9 +202,17 @@ class ColocationMode(Mode):
 
     @guarded("state", FAILED)
     def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
-        """Teach the calibration what the batch it planned really cost."""
-        if record is not None:
-            live(self.state).controller.observe(record.get("model_s"), record.get("forward_s"))
+        """Teach the calibration what the batch before this one really cost: its launch-to-launch
+        period (this record's ``period_s``), not its forward alone. The budget bounds the time an
+        online request waits for its next token, and that is the period: on a device-bound GPU
+        server it is the forward, on a host-bound one (a slow host, or the emulator's priced
+        device outrunning this CPU) it is the host's scheduling, which a budget calibrated on the
+        forward would never see."""
+        if record is None:
+            return
+        state = live(self.state)
+        state.controller.observe(state.last_model_s, record.get("period_s"))
+        state.last_model_s = record.get("model_s")
 
     def snapshot(self) -> dict[str, Any]:
         return {"colocation": self.state.snapshot() if self.state is not None else None}
