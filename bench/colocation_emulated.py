@@ -1,0 +1,719 @@
+"""Co-location judged on the emulated H100: HyGen, Echo and BROS against SGLang's priority
+scheduling with its offline concurrency searched, at loads taken from online-only's SLO capacity.
+
+The engine is SGLang's real scheduler with Llama-3.1-8B shapes on an emulated H100
+(`sgl_blend.emulation`), every forward lasting its priced time on the wall clock (factor 1).
+Every configuration gets the same emulated sizing (KV pool, chunked prefill, running requests).
+
+- **Online**: ShareGPT first turns (reply lengths from the conversation, capped at
+  ``--max-output``), streamed through ``/generate`` at Poisson arrivals.
+- **Offline**: a Table-2 batch (``--offline-trace``) created through the Batch API, so lines reach
+  the engine through the shipped in-process feed. Each replay starts a fresh batch from the same
+  file, waits until it is answering, counts the batch's committed output tokens over the online
+  window, and cancels it.
+- **Capacity**: the highest online rate (bisected, on a capacity seed) at which online-only meets
+  the absolute SLO ``--capacity-ttft`` / ``--capacity-tbt`` (BROS's 400 ms TTFT and 100 ms TPOT).
+  The loads are ``--loads`` shares of it (30% and 60%).
+- **SLO per load**: online-only on the evaluation seeds gives absolute P99 TTFT and P99 TBT
+  targets (the median over seeds) and the tolerance, their measured seed-to-seed spread
+  (`bench.seed_judge`). A configuration meets the SLO on at least 2 of 3 evaluation seeds.
+- **Knobs** are searched (`core.slo_search`, log bisection) on tuning seeds, never the evaluation
+  ones: HyGen's latency budget and Echo's SLO scale k move on the live server; BROS's k, HyGen*'s
+  and the priority baseline's offline concurrency (``--batch-max-inflight``) each need a fresh
+  server per value tried.
+
+Configurations: online-only; hygen (HyGen mode, PSM order, budget searched); hygen-star (the
+HyGen-mode engine with no budget, offline concurrency searched); echo; bros; and
+sglang-priority-searched (``--enable-priority-scheduling --schedule-policy fcfs``, online at
+priority 100, batch lines at 0, offline concurrency searched). The latency model every mode uses
+is fitted on the emulator's own price (`ForwardPricer`), as `sgl-blend profile --latency` fits a
+real device.
+
+    python -m bench.colocation_emulated --modes hygen --requests 1000 --seeds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from bench import seed_judge
+from bench.colocation import Engine, online_trace, sharegpt_prompts
+from bench.shipped_path import HARDWARE
+from sgl_blend.core.colocation import ColocationConfig
+from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
+from sgl_blend.core.slo_search import SLO, search_budget, steps_for
+from sgl_blend.emulation.clock_reader import read_clock
+from sgl_blend.emulation.devices import resolve_device
+from sgl_blend.emulation.launch import emulated_launch
+from sgl_blend.emulation.pricing import ForwardPricer
+from sgl_blend.forward_time.step_time import NoisyClock, fit_latency
+from sgl_blend.launch.colocation import colocation_launch, with_free_port
+from sgl_blend.launch.supervisor import start_server
+from sgl_blend.measure.online_replay import replay, summarize
+from sgl_blend.measure.slo_profiler import set_colocation
+from sgl_blend.models.registry import STAND_IN, prepare
+from sgl_blend.server.config import BatchApiConfig
+from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
+from sgl_blend.workloads.batch_files import write_jsonl
+from sgl_blend.workloads.paper_lines import paper_lines
+
+RESULTS = Path(__file__).parent / "results"
+DEVICE, MODEL = "h100", "llama-3.1-8b"
+REALTIME_FACTOR = 1.0
+ONLINE_PRIORITY, OFFLINE_PRIORITY = 100, 0
+BASELINE = "sglang-priority-searched"
+MODES = ("hygen", "echo", "bros")
+# The issue's goals: each mode's offline tokens/s over the searched baseline's, SLO met.
+GOALS = {"hygen": 2.0, "echo": 1.5}
+CAPACITY_SEED, TUNE_SEED, FIRST_EVAL_SEED = 100, 200, 1
+# Before a replay: the previous one's offline work has stopped (no batch for 1 s); and after a
+# batch is created, it has answered lines for this long (validation and planning done, the
+# window full) before the online replay starts.
+IDLE_QUIET_S, IDLE_TIMEOUT_S, OFFLINE_WARMUP_S = 1.0, 120.0, 5.0
+# A batch that has answered nothing after this long is not waited for: a knob can leave no room
+# for offline work at all (a HyGen budget below the smallest iteration), and that replay runs
+# with whatever offline work it gets -- none.
+OFFLINE_START_TIMEOUT_S = 90.0
+BATCH_POLL_S = 0.5
+# Every server: with SGLang's overlap scheduler on, a batch's tokens reach the client only after
+# the next forward's sleep (`emulation.realtime`); the pacer still overlaps the host's work with
+# the device's, as a GPU server's overlap scheduler would.
+LATENCY_FLAGS = ("--disable-overlap-schedule",)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every configuration shares; ``header`` is what the report says about it."""
+
+    args: argparse.Namespace
+    work: Path
+    latency_model: dict[str, Any]
+    bros_model: dict[str, Any]
+    prompts: list[tuple[str, int]]
+    batch_file: Path
+    header: dict[str, Any] = field(default_factory=dict)
+
+
+class OfflineBatch:
+    """The offline work of one replay: a batch of the bench's file through the server's Batch API."""
+
+    def __init__(self, base_url: str, batch_file: Path) -> None:
+        self.client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=5)
+        with batch_file.open("rb") as handle:
+            self.file_id = self.client.files.create(file=handle, purpose="batch").id
+        self.batch_id: str | None = None
+
+    def start(self) -> None:
+        """Create the batch and return once it has answered lines for `OFFLINE_WARMUP_S` (or has
+        answered none in `OFFLINE_START_TIMEOUT_S`)."""
+        self.batch_id = self.client.batches.create(
+            input_file_id=self.file_id, endpoint="/v1/completions", completion_window="24h"
+        ).id
+        deadline = time.monotonic() + OFFLINE_START_TIMEOUT_S
+        while self.output_tokens() == 0:
+            if time.monotonic() > deadline:
+                return
+            batch = self.client.batches.retrieve(self.batch_id)
+            if batch.status in ("failed", "expired", "cancelled", "completed"):
+                raise RuntimeError(
+                    f"offline batch {self.batch_id} ended {batch.status} before answering: {batch.errors}"
+                )
+            time.sleep(BATCH_POLL_S)
+        time.sleep(OFFLINE_WARMUP_S)
+
+    def output_tokens(self) -> int:
+        assert self.batch_id is not None
+        usage = self.client.batches.retrieve(self.batch_id).usage
+        return usage.output_tokens if usage is not None else 0
+
+    def stop(self) -> int:
+        """Cancel the batch; the lines it completed (a run that finished the whole file ran dry)."""
+        assert self.batch_id is not None
+        batch = self.client.batches.cancel(self.batch_id)
+        while batch.status == "cancelling":
+            time.sleep(BATCH_POLL_S)
+            batch = self.client.batches.retrieve(self.batch_id)
+        return batch.request_counts.completed if batch.request_counts else 0
+
+
+@contextmanager
+def serving(
+    setup: Setup, name: str, settings: PluginSettings, sglang_args: Sequence[str], max_inflight: int | None = None
+) -> Iterator[tuple[Engine, OfflineBatch]]:
+    """An emulated server with the Batch API, its iteration records, and its offline batch."""
+    records = setup.work / f"{name}.records.jsonl"
+    records.unlink(missing_ok=True)
+    launch = emulated_launch(
+        DEVICE, MODEL, with_free_port([*sglang_args, *LATENCY_FLAGS]), realtime_factor=REALTIME_FACTOR
+    )
+    settings = launch.settings_for(settings.updated(iteration_log=str(records)))
+    data_dir = setup.work / f"{name}.data"
+    config = BatchApiConfig(
+        data_dir=data_dir, max_inflight=max_inflight, max_file_lines=1_000_000, max_file_bytes=1 << 32
+    )
+    server = start_server(
+        str(launch.model_path),
+        colocation_launch(settings, launch.sglang_args),
+        log_path=setup.work / f"{name}.log",
+        settings=settings,
+        batch_api=config,
+    )
+    try:
+        yield Engine(server, records), OfflineBatch(server.base_url, setup.batch_file)
+    finally:
+        server.stop()
+
+
+def trial(engine: Engine, offline: OfflineBatch | None, trace: Sequence, *, priority: bool = False) -> dict[str, Any]:
+    """One replay: its online latencies, the offline batch's output tokens/s over the replay's
+    window, the emulated device's busy share and how late the host delivered its batches (the
+    pacer's ``behind_s``: host time the device would not have waited on a GPU server's host). A
+    replay that raises counts as missing every SLO."""
+    engine.wait_idle(IDLE_QUIET_S, IDLE_TIMEOUT_S)
+    url = engine.server.base_url
+    try:
+        if offline is not None:
+            offline.start()
+            tokens_before = offline.output_tokens()
+        clock_before, started = read_clock(url), time.time()
+        timings = asyncio.run(replay(url, trace, ONLINE_PRIORITY if priority else None))
+        window = time.time() - started
+        clock_after = read_clock(url)
+        run: dict[str, Any] = {**summarize(timings), "window_s": round(window, 2), "offline_tokens_per_s": 0.0}
+        if offline is not None:
+            run["offline_tokens_per_s"] = (offline.output_tokens() - tokens_before) / window
+            run["offline_lines_done"] = offline.stop()
+    except Exception as error:  # noqa: BLE001 -- a failed replay is a run that missed every SLO, reported
+        return {
+            "failed": f"{type(error).__name__}: {error}",
+            "requests": len(trace),
+            "offline_tokens_per_s": 0.0,
+            **{metric: math.inf for metric in seed_judge.SLO_METRICS},
+        }
+    before, after = clock_before.ranks[0], clock_after.ranks[0]
+    run["device_busy"] = round((after["device_seconds"] - before["device_seconds"]) / window, 3)
+    run["host_late_share"] = round((after["realtime"]["behind_s"] - before["realtime"]["behind_s"]) / window, 3)
+    return run
+
+
+def progress(label: str, run: dict[str, Any]) -> dict[str, Any]:
+    """One line per replay on stdout: a long run shows where it is."""
+    print(
+        f"{time.strftime('%H:%M:%S')} {label}: {run.get('failed') or ''}P99 TTFT {run['ttft_p99'] * 1000:.0f} ms, "
+        f"P99 TBT {run['tbt_p99'] * 1000:.1f} ms, offline {run['offline_tokens_per_s']:.0f} tok/s, device busy "
+        f"{run.get('device_busy', 0):.0%}, host late {run.get('host_late_share', 0):.0%}",
+        flush=True,
+    )
+    return run
+
+
+def trace_of(setup: Setup, rate: float, requests: int, seed: int) -> list:
+    """``requests`` ShareGPT requests at Poisson arrivals of ``rate``."""
+    duration = requests / rate
+    return online_trace("poisson", rate, duration, duration, setup.prompts, seed)
+
+
+def search(
+    label: str,
+    evaluate: Callable[[float], dict[str, Any]],
+    targets: dict[str, float],
+    tolerance: float,
+    low: float,
+    high: float,
+    resolution: float,
+) -> dict[str, Any]:
+    """The core SLO search of one knob against absolute targets; every trial kept."""
+    trials: list[dict[str, Any]] = []
+
+    def record(value: float) -> dict[str, Any]:
+        run = progress(f"{label} at {value:.4g}", evaluate(value))
+        trials.append({"value": value, **run})
+        return run
+
+    slos = [SLO(metric, target) for metric, target in targets.items()]
+    outcome = search_budget(record, slos, tolerance, low, high, steps_for(low, high, resolution))
+    return {
+        "value": outcome.budget_s if outcome.budget_s is not None else low,
+        "met": outcome.budget_s is not None,
+        "binding": outcome.binding,
+        "trials": trials,
+    }
+
+
+# The configurations
+
+
+def hygen_settings(setup: Setup, mode: str, **colocation: Any) -> PluginSettings:
+    model = setup.bros_model if mode == "bros" else setup.latency_model
+    return PluginSettings(
+        offline_policy=OFF if mode == "bros" else "psm",
+        psm_utility=setup.args.utility,
+        colocation=ColocationConfig(mode=mode, latency_model=model, **colocation),
+    )
+
+
+def slo_scaled(k: float, targets: dict[str, float]) -> dict[str, float]:
+    """Echo's and BROS's SLO settings: ``k`` times the load's targets; an iteration no online
+    deadline bounds is capped at the TPOT deadline."""
+    tpot = k * targets["tbt_p99"]
+    return {"ttft_slo_s": k * targets["ttft_p99"], "tpot_slo_s": tpot, "idle_budget_s": tpot}
+
+
+@dataclass
+class Load:
+    share: float
+    rate: float
+    evaluation: list[list]
+    tune: list
+    targets: dict[str, float] | None = None
+    tolerance: float | None = None
+
+
+def capacity(setup: Setup, engine: Engine) -> dict[str, Any]:
+    """The highest online rate at which online-only meets the capacity SLO, bisected on capacity-seed
+    traces of ``--capacity-seconds`` (a fixed length, not a fixed count: a low rate's trial would
+    take minutes)."""
+    args = setup.args
+    targets = {"ttft_p99": args.capacity_ttft, "tbt_p99": args.capacity_tbt}
+    return search(
+        "online-only capacity, req/s",
+        lambda rate: trial(engine, None, trace_of(setup, rate, round(rate * args.capacity_seconds), CAPACITY_SEED)),
+        targets,
+        0.0,
+        args.low_online_rate,
+        args.high_online_rate,
+        args.load_resolution,
+    )
+
+
+def online_references(setup: Setup, engine: Engine, loads: list[Load], cells: list[dict[str, Any]]) -> None:
+    """Online-only on every evaluation seed of every load: the targets and their tolerance."""
+    for load, cell in zip(loads, cells):
+        runs = [
+            progress(f"online-only {load.share:g} seed {seed}", trial(engine, None, trace))
+            for seed, trace in enumerate(load.evaluation, start=FIRST_EVAL_SEED)
+        ]
+        load.targets, load.tolerance = seed_judge.slo_targets(runs), seed_judge.tolerance(runs)
+        cell["runs"]["online-only"] = runs
+        cell["targets_s"], cell["seed_spread"] = load.targets, seed_judge.seed_spread(runs)
+        cell["tolerance"] = load.tolerance
+
+
+def live_knob(
+    setup: Setup,
+    name: str,
+    engine: Engine,
+    offline: OfflineBatch,
+    loads: list[Load],
+    cells: list[dict[str, Any]],
+    apply: Callable[[str, float, Load], None],
+    low: float,
+    high: float,
+) -> None:
+    """A mode whose knob moves on its live server: searched on the tuning seed, then evaluated."""
+
+    def at(value: float, trace: list, load: Load) -> dict[str, Any]:
+        apply(engine.server.base_url, value, load)
+        return trial(engine, offline, trace)
+
+    for load, cell in zip(loads, cells):
+        assert load.targets is not None and load.tolerance is not None
+        found = search(
+            f"{name} {load.share:g} tuning",
+            lambda v, load=load: at(v, load.tune, load),
+            load.targets,
+            load.tolerance,
+            low,
+            high,
+            setup.args.resolution,
+        )
+        cell["search"][name] = found
+        cell["runs"][name] = [
+            progress(f"{name} {load.share:g} seed {seed}", at(found["value"], trace, load))
+            for seed, trace in enumerate(load.evaluation, start=FIRST_EVAL_SEED)
+        ]
+        save(setup, cells)
+
+
+def fresh_server_knob(
+    setup: Setup,
+    name: str,
+    loads: list[Load],
+    cells: list[dict[str, Any]],
+    launch: Callable[[float, Load], tuple[PluginSettings, list[str], int | None]],
+    low: float,
+    high: float,
+    priority: bool = False,
+) -> None:
+    """A configuration whose knob is fixed at start: one server per value tried, and one for the
+    evaluation seeds at the chosen value."""
+
+    def at(value: float, load: Load, traces: list[list]) -> list[dict[str, Any]]:
+        settings, sglang_args, inflight = launch(value, load)
+        try:
+            with serving(setup, f"{name}-{load.share:g}-{value:.4g}", settings, sglang_args, inflight) as (
+                engine,
+                offline,
+            ):
+                return [trial(engine, offline, trace, priority=priority) for trace in traces]
+        except RuntimeError as error:  # the server did not start: failed runs, reported
+            return [
+                {
+                    "failed": f"server start: {error}",
+                    "offline_tokens_per_s": 0.0,
+                    **{metric: math.inf for metric in seed_judge.SLO_METRICS},
+                }
+                for _ in traces
+            ]
+
+    for load, cell in zip(loads, cells):
+        assert load.targets is not None and load.tolerance is not None
+        found = search(
+            f"{name} {load.share:g} tuning",
+            lambda v, load=load: at(v, load, [load.tune])[0],
+            load.targets,
+            load.tolerance,
+            low,
+            high,
+            setup.args.resolution,
+        )
+        cell["search"][name] = found
+        runs = at(found["value"], load, load.evaluation)
+        cell["runs"][name] = [
+            progress(f"{name} {load.share:g} seed {seed}", run) for seed, run in enumerate(runs, start=FIRST_EVAL_SEED)
+        ]
+        save(setup, cells)
+
+
+def concurrency(value: float) -> int:
+    return max(1, round(value))
+
+
+def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) -> None:
+    """Every configuration but online-only and HyGen (which share the first server)."""
+    args = setup.args
+    if "echo" in args.modes:
+        first = slo_scaled(1.0, loads[0].targets or {})
+        with serving(setup, "echo", hygen_settings(setup, "echo", **first), []) as (engine, offline):
+            live_knob(
+                setup,
+                "echo",
+                engine,
+                offline,
+                loads,
+                cells,
+                lambda url, k, load: set_colocation(url, slo_scaled(k, load.targets or {})),
+                args.low_scale,
+                args.high_scale,
+            )
+    if "bros" in args.modes:
+        fresh_server_knob(
+            setup,
+            "bros",
+            loads,
+            cells,
+            lambda k, load: (hygen_settings(setup, "bros", **slo_scaled(k, load.targets or {})), [], None),
+            args.low_scale,
+            args.high_scale,
+        )
+    if "hygen-star" in args.baselines:
+        fresh_server_knob(
+            setup,
+            "hygen-star",
+            loads,
+            cells,
+            lambda v, _load: (hygen_settings(setup, "hygen"), [], concurrency(v)),
+            args.low_concurrency,
+            args.high_concurrency,
+        )
+    if BASELINE in args.baselines:
+        priority_args = ["--enable-priority-scheduling", "--schedule-policy", "fcfs"]
+        fresh_server_knob(
+            setup,
+            BASELINE,
+            loads,
+            cells,
+            lambda v, _load: (PluginSettings(offline_policy=OFF), priority_args, concurrency(v)),
+            args.low_concurrency,
+            args.high_concurrency,
+            priority=True,
+        )
+
+
+# Judging and reporting
+
+
+def judged(cell: dict[str, Any]) -> dict[str, Any]:
+    """Each configuration's verdict at the load, and each mode's ratio over the baseline."""
+    targets, tol = cell["targets_s"], cell["tolerance"]
+    verdicts = {config: seed_judge.verdict(config, runs, targets, tol) for config, runs in cell["runs"].items()}
+    out: dict[str, Any] = {"verdicts": {config: v.to_dict() for config, v in verdicts.items()}}
+    if BASELINE in verdicts:
+        out["over_baseline"] = {
+            config: seed_judge.over_baseline(v, verdicts[BASELINE])
+            for config, v in verdicts.items()
+            if config in (*MODES, "hygen-star")
+        }
+    return out
+
+
+def goals(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """HyGen >= 2x and Echo >= 1.5x the searched baseline at every load measured, SLO met; a load
+    where the baseline was refused or the mode not run leaves the goal unmet, saying why."""
+    out = {}
+    for mode, goal in GOALS.items():
+        judged_cells = [cell["judged"]["over_baseline"] for cell in cells if "over_baseline" in cell.get("judged", {})]
+        if not any(mode in over for over in judged_cells):
+            continue
+        ratios = [over.get(mode, {"ratio": None, "why": f"{mode} not run"}) for over in judged_cells]
+        out[mode] = {
+            "goal": f">= {goal}x {BASELINE} at every load, SLO met",
+            "ratios": [r["ratio"] for r in ratios],
+            "why": [r["why"] for r in ratios if r["why"]],
+            "met": all(r["ratio"] is not None and r["ratio"] >= goal for r in ratios),
+        }
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    cap = report["capacity"]
+    lines = [
+        f"Emulated {DEVICE}, {MODEL}, forwards at factor {REALTIME_FACTOR:g}. Online-only SLO capacity "
+        f"(P99 TTFT <= {report['capacity_slo_s']['ttft_p99'] * 1000:.0f} ms, P99 TBT <= "
+        f"{report['capacity_slo_s']['tbt_p99'] * 1000:.0f} ms): {cap['value']:.3g} req/s "
+        f"({'met' if cap['met'] else 'not met even at the lowest rate'}).",
+        "",
+        "| load | online req/s | config | seeds met | P99 TTFT (ms) per seed | P99 TBT (ms) per seed | "
+        "offline tok/s | / priority-searched |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in report["cells"]:
+        verdicts, over = cell["judged"]["verdicts"], cell["judged"].get("over_baseline", {})
+        for config, runs in cell["runs"].items():
+            v = verdicts[config]
+            ratio = over.get(config)
+            ratio_text = (
+                ""
+                if ratio is None
+                else (f"{ratio['ratio']}x" if ratio["ratio"] is not None else "n/a")
+                + (f" ({ratio['why']})" if ratio["why"] else "")
+            )
+            ttft = ", ".join(f"{run['ttft_p99'] * 1000:.0f}" for run in runs)
+            tbt = ", ".join(f"{run['tbt_p99'] * 1000:.1f}" for run in runs)
+            lines.append(
+                f"| {cell['share']:.0%} | {cell['rate_per_s']:.3g} | {config} | {v['seeds_met']}/{v['seeds']} "
+                f"| {ttft} | {tbt} | {v['offline_tokens_per_s']:g} | {ratio_text} |"
+            )
+    lines.append("")
+    for cell in report["cells"]:
+        spread = ", ".join(f"{metric} {value:.1%}" for metric, value in cell["seed_spread"].items())
+        knobs = "; ".join(
+            f"{config} {found['value']:.4g}{'' if found['met'] else ' (not met on tuning)'}"
+            for config, found in cell["search"].items()
+        )
+        lines.append(
+            f"- {cell['share']:.0%} load: targets P99 TTFT {cell['targets_s']['ttft_p99'] * 1000:.0f} ms, "
+            f"P99 TBT {cell['targets_s']['tbt_p99'] * 1000:.1f} ms; tolerance {cell['tolerance']:.1%} "
+            f"(online-only seed spread: {spread}); knobs found on the tuning seed: {knobs or 'none'}."
+        )
+    for mode, goal in report["goals"].items():
+        why = f" ({'; '.join(goal['why'])})" if goal["why"] else ""
+        lines.append(
+            f"- {mode}: {goal['goal']}: {', '.join('n/a' if r is None else f'{r}x' for r in goal['ratios'])} -> "
+            f"{'met' if goal['met'] else 'not met'}{why}."
+        )
+    return "\n".join(lines)
+
+
+def save(setup: Setup, cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write what is measured so far (a long run keeps its finished cells if it stops)."""
+    for cell in cells:
+        if "targets_s" in cell:
+            cell["judged"] = judged(cell)
+    report = {**setup.header, "cells": cells, "goals": goals(cells)}
+    setup.args.out.parent.mkdir(parents=True, exist_ok=True)
+    setup.args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Per load: each configuration's offline tokens/s (hatched where it missed the SLO) and its
+    P99 TTFT per seed against the target band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = report["cells"]
+    fig, axes = plt.subplots(2, len(cells), figsize=(6 * len(cells), 7), squeeze=False)
+    for column, cell in enumerate(cells):
+        configs = list(cell["runs"])
+        verdicts = cell["judged"]["verdicts"]
+        top, bottom = axes[0, column], axes[1, column]
+        for x, config in enumerate(configs):
+            met = verdicts[config]["met"]
+            top.bar(
+                x,
+                verdicts[config]["offline_tokens_per_s"],
+                color="tab:green" if met else "tab:red",
+                hatch="" if met else "//",
+            )
+            ttfts = [run["ttft_p99"] * 1000 for run in cell["runs"][config] if math.isfinite(run["ttft_p99"])]
+            bottom.scatter([x] * len(ttfts), ttfts, color="tab:blue")
+        limit = cell["targets_s"]["ttft_p99"] * (1 + cell["tolerance"]) * 1000
+        bottom.axhline(limit, color="tab:red", linestyle="--", label="P99 TTFT target + tolerance")
+        for axis in (top, bottom):
+            axis.set_xticks(range(len(configs)), configs, rotation=30, ha="right", fontsize=8)
+        top.set_title(f"{cell['share']:.0%} of online-only capacity ({cell['rate_per_s']:.3g} req/s)")
+        top.set_ylabel("offline output tok/s (red: SLO missed)")
+        bottom.set_ylabel("P99 TTFT per seed (ms)")
+        bottom.legend(fontsize=8)
+    fig.suptitle(f"Co-location on the emulated {DEVICE} ({MODEL}, factor {REALTIME_FACTOR:g})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def build_setup(args: argparse.Namespace) -> Setup:
+    """The latency model fitted on the emulator's price, the online prompts and the offline file."""
+    work = args.out.parent / f"{args.out.stem}-work"
+    work.mkdir(parents=True, exist_ok=True)
+    pricer = ForwardPricer.of(resolve_device(DEVICE), MODEL, 1)
+    fit = fit_latency(NoisyClock(pricer.step, args.jitter, seed=args.seed + 100), args.profile_batches, args.seed)
+    prompts = sharegpt_prompts(args.prompts, args.seed, max_chars=args.max_prompt_chars, max_tokens_cap=args.max_output)
+    batch_file = work / "offline.jsonl"
+    cost = CostModel(model_spec(MODEL), HardwareSpec.resolve(HARDWARE))
+    write_jsonl(
+        batch_file,
+        list(paper_lines(args.offline_trace, args.offline_lines, cost, prepare(STAND_IN)[0], seed=args.seed)),
+    )
+    header = {
+        "device": DEVICE,
+        "model": MODEL,
+        "realtime_factor": REALTIME_FACTOR,
+        "requests": args.requests,
+        "tune_requests": args.tune_requests,
+        "seeds": args.seeds,
+        "offline_trace": args.offline_trace,
+        "offline_lines": args.offline_lines,
+        "max_output": args.max_output,
+        "prompts": args.prompts,
+        "max_prompt_chars": args.max_prompt_chars,
+        "seed": args.seed,
+        "modes": args.modes,
+        "baselines": args.baselines,
+        "latency_fit": {form: f["holdout_mape"] for form, f in fit.to_dict()["forms"].items()},
+        "capacity_slo_s": {"ttft_p99": args.capacity_ttft, "tbt_p99": args.capacity_tbt},
+    }
+    return Setup(
+        args, work, fit.models[fit.best_form()].to_dict(), fit.models["bros"].to_dict(), prompts, batch_file, header
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", default="hygen,echo,bros", help="co-location modes to judge")
+    parser.add_argument("--baselines", default=f"{BASELINE},hygen-star", help="baselines besides online-only")
+    parser.add_argument("--loads", default="0.3,0.6", help="shares of online-only's SLO capacity")
+    parser.add_argument("--requests", type=int, default=1000, help="online requests per evaluation replay")
+    parser.add_argument("--tune-requests", type=int, default=400, help="online requests per tuning or capacity replay")
+    parser.add_argument("--seeds", type=int, default=3, help="evaluation seeds per configuration and load")
+    parser.add_argument("--capacity-ttft", type=float, default=0.4, help="capacity SLO: P99 TTFT (s)")
+    parser.add_argument("--capacity-tbt", type=float, default=0.1, help="capacity SLO: P99 TBT (s)")
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        default=None,
+        help="online-only's SLO capacity (req/s) measured before: skips the search",
+    )
+    parser.add_argument("--capacity-seconds", type=float, default=30.0, help="seconds of each capacity trace")
+    parser.add_argument("--low-online-rate", type=float, default=2.0)
+    parser.add_argument("--high-online-rate", type=float, default=64.0)
+    parser.add_argument(
+        "--load-resolution", type=float, default=1.2, help="the capacity bisection stops at this high/low ratio"
+    )
+    parser.add_argument("--resolution", type=float, default=2.0, help="every knob search stops at this high/low ratio")
+    parser.add_argument("--low-budget-ms", type=float, default=8.0)
+    parser.add_argument("--high-budget-ms", type=float, default=64.0)
+    parser.add_argument("--low-scale", type=float, default=1.0, help="Echo's and BROS's SLO scale k, lowest")
+    parser.add_argument("--high-scale", type=float, default=4.0)
+    parser.add_argument("--low-concurrency", type=float, default=1.0, help="offline lines in flight, lowest")
+    parser.add_argument("--high-concurrency", type=float, default=256.0)
+    parser.add_argument("--offline-trace", default="trace1", help="Table-2 trace of the offline batch")
+    parser.add_argument("--offline-lines", type=int, default=10000)
+    parser.add_argument("--prompts", type=int, default=2000, help="ShareGPT first turns online requests cycle through")
+    parser.add_argument("--max-prompt-chars", type=int, default=4000)
+    parser.add_argument("--max-output", type=int, default=256, help="online reply tokens, at most")
+    parser.add_argument("--utility", type=float, default=0.9, help="PSM utility u for HyGen's and Echo's order")
+    parser.add_argument("--jitter", type=float, default=0.02, help="noise of the latency profile's timings")
+    parser.add_argument("--profile-batches", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "colocation_emulated.json")
+    args = parser.parse_args(argv)
+    args.modes = [m for m in args.modes.split(",") if m]
+    args.baselines = [b for b in args.baselines.split(",") if b]
+    unknown = set(args.modes) - set(MODES) | set(args.baselines) - {BASELINE, "hygen-star"}
+    if unknown:
+        parser.error(f"unknown configuration(s): {', '.join(sorted(unknown))}")
+    args.loads = [float(share) for share in args.loads.split(",")]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.monotonic()
+    setup = build_setup(args)
+    with serving(setup, "hygen", hygen_settings(setup, "hygen"), []) as (engine, offline):
+        found = (
+            capacity(setup, engine) if args.capacity is None else {"value": args.capacity, "met": True, "given": True}
+        )
+        setup.header["capacity"] = found
+        rate = found["value"]
+        loads = [
+            Load(
+                share,
+                share * rate,
+                [trace_of(setup, share * rate, args.requests, FIRST_EVAL_SEED + seed) for seed in range(args.seeds)],
+                trace_of(setup, share * rate, args.tune_requests, TUNE_SEED),
+            )
+            for share in args.loads
+        ]
+        cells: list[dict[str, Any]] = [
+            {"share": load.share, "rate_per_s": load.rate, "online_requests": args.requests, "runs": {}, "search": {}}
+            for load in loads
+        ]
+        online_references(setup, engine, loads, cells)
+        save(setup, cells)
+        if "hygen" in args.modes:
+            live_knob(
+                setup,
+                "hygen",
+                engine,
+                offline,
+                loads,
+                cells,
+                lambda url, budget, _load: set_colocation(url, {"latency_budget_s": budget}),
+                args.low_budget_ms / 1000,
+                args.high_budget_ms / 1000,
+            )
+    run_configs(setup, loads, cells)
+    setup.header["wall_s"] = round(time.monotonic() - started, 1)
+    report = save(setup, cells)
+    args.out.with_suffix(".md").write_text(markdown(report) + "\n")
+    plot(report, args.out.with_suffix(".png"))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The co-location simulator against the emulated H100: every configuration of a
+`bench.colocation_emulated` report simulated at the knob it was evaluated with, on the same online
+traces (seeds, rates, ShareGPT prompts tokenised by the served tokenizer, reply lengths) and the
+same offline batch, with the emulated engine's limits (KV pool, chunked prefill, running requests,
+mixed chunks for the co-location modes, none for SGLang's priority scheduling).
+
+Both price a forward with the same `StepTime` (`emulation.pricing`), so where they differ the
+difference is what the simulator leaves out: above all the host. The emulated engine's iterations
+take their launch-to-launch period (`iteration_log`'s ``period_s``), the simulator's their price.
+The report gives, per configuration and load, the emulated figure (mean over its seeds), the
+simulated one and their difference, flagging those over 10%.
+
+The priority baseline's knob on the emulated engine is the Batch API's offline concurrency
+(``--batch-max-inflight``), which the simulator has no counterpart for (it releases offline work
+at a rate); it is reported, not simulated.
+
+    python -m bench.colocation_sim_check --report bench/results/colocation_emulated.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.colocation import online_trace, sharegpt_prompts
+from bench.colocation_emulated import BASELINE, DEVICE, FIRST_EVAL_SEED, MODEL, slo_scaled
+from bench.shipped_path import HARDWARE
+from sgl_blend.core.colocation import ColocationConfig, ColocationController
+from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
+from sgl_blend.core.psm_policy import make_offline_policy
+from sgl_blend.emulation.devices import resolve_device
+from sgl_blend.emulation.launch import emulated_launch
+from sgl_blend.emulation.pricing import ForwardPricer
+from sgl_blend.forward_time.step_time import NoisyClock, fit_latency
+from sgl_blend.measure.online_replay import summarize
+from sgl_blend.models.registry import STAND_IN, prepare
+from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, OnlineArrival
+from sgl_blend.sim.workload import SimRequest
+from sgl_blend.workloads.paper_lines import paper_requests
+
+RESULTS = Path(__file__).parent / "results"
+COMPARED = ("ttft_p99", "tbt_p99", "offline_tokens_per_s")
+FLAG = 0.10
+
+
+def online_arrivals(report: dict[str, Any], rate: float, seed: int, tokenizer: Any) -> list[OnlineArrival]:
+    """The emulated bench's trace for ``rate`` and ``seed``, as the simulator's requests."""
+    prompts = sharegpt_prompts(
+        report.get("prompts", 2000),
+        report.get("seed", 0),
+        max_chars=report.get("max_prompt_chars", 4000),
+        max_tokens_cap=report["max_output"],
+    )
+    duration = report["requests"] / rate
+    trace = online_trace("poisson", rate, duration, duration, prompts, seed)
+    lengths = tokenizer([request.prompt for request in trace])["input_ids"]
+    return [
+        OnlineArrival(
+            request.t,
+            SimRequest(f"online-{index}", "online", (), len(ids), request.max_tokens, request.max_tokens, True),
+        )
+        for index, (request, ids) in enumerate(zip(trace, lengths))
+    ]
+
+
+def simulate(
+    config: str,
+    value: float | None,
+    cell: dict[str, Any],
+    arrivals: Sequence[OnlineArrival],
+    offline: list[SimRequest],
+    setup: dict[str, Any],
+) -> dict[str, Any]:
+    """One configuration at its evaluated knob on one seed's arrivals."""
+    latency_model = setup["latency_model"]
+    if config == "echo":
+        assert value is not None
+        colocation = ColocationConfig(mode="echo", latency_model=latency_model, **slo_scaled(value, cell["targets_s"]))
+    else:
+        colocation = ColocationConfig(
+            mode="hygen", latency_model=latency_model, latency_budget_s=value if config == "hygen" else None
+        )
+    sizing = setup["sizing"]
+    engine_config = ColocatedConfig(
+        sizing.max_total_tokens, chunk_tokens=sizing.chunked_prefill_size, max_running=sizing.max_running_requests
+    )
+    cost: CostModel = setup["cost"]
+    policy = make_offline_policy("psm", cost.model, cost.hardware) if config != "online-only" else None
+    engine = ColocatedEngine(NoisyClock(setup["step"], 0.0, 0), ColocationController(colocation), policy, engine_config)
+    horizon = max(arrival.at for arrival in arrivals)
+    result = engine.run(arrivals, offline if policy is not None else [], horizon)
+    return {**summarize(result.online), "offline_tokens_per_s": result.offline_tokens_per_s()}
+
+
+def compare(report: dict[str, Any]) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    launch = emulated_launch(DEVICE, MODEL)
+    pricer = ForwardPricer.of(resolve_device(DEVICE), MODEL, 1)
+    fit = fit_latency(NoisyClock(pricer.step, 0.02, seed=100), 400, 0)
+    cost = CostModel(model_spec(MODEL), HardwareSpec.resolve(HARDWARE))
+    setup = {
+        "latency_model": fit.models[fit.best_form()].to_dict(),
+        "sizing": launch.sizing,
+        "cost": cost,
+        "step": pricer.step,
+    }
+    tokenizer = AutoTokenizer.from_pretrained(str(prepare(STAND_IN)[0]))
+    offline = paper_requests(report["offline_trace"], report["offline_lines"], cost, report.get("seed", 0))
+    rows = []
+    for cell in report["cells"]:
+        seeds = [FIRST_EVAL_SEED + index for index in range(report["seeds"])]
+        arrivals = {seed: online_arrivals(report, cell["rate_per_s"], seed, tokenizer) for seed in seeds}
+        for config, runs in cell["runs"].items():
+            emulated = {metric: statistics.fmean(run[metric] for run in runs) for metric in COMPARED}
+            row: dict[str, Any] = {
+                "share": cell["share"],
+                "rate_per_s": cell["rate_per_s"],
+                "config": config,
+                "emulated": emulated,
+                "host_late_share": statistics.fmean(run.get("host_late_share", 0.0) for run in runs),
+            }
+            if config == BASELINE:
+                row["simulated"] = None
+                row["why"] = "offline concurrency has no counterpart in the simulator"
+            else:
+                value = cell["search"][config]["value"] if config in cell["search"] else None
+                sims = [simulate(config, value, cell, arrivals[seed], offline, setup) for seed in seeds]
+                simulated = {metric: statistics.fmean(sim[metric] for sim in sims) for metric in COMPARED}
+                row["simulated"] = simulated
+                row["difference"] = {
+                    metric: (simulated[metric] - emulated[metric]) / emulated[metric] if emulated[metric] else None
+                    for metric in COMPARED
+                }
+                row["over_10_percent"] = [
+                    metric for metric, diff in row["difference"].items() if diff is not None and abs(diff) > FLAG
+                ]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return {"report": report.get("source"), "rows": rows}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "| load | config | P99 TTFT ms (emulated / sim) | P99 TBT ms (emulated / sim) | offline tok/s "
+        "(emulated / sim) | host late | over 10% |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        emulated, simulated = row["emulated"], row["simulated"]
+
+        def pair(metric: str, scale: float, digits: int, emulated: dict = emulated, simulated: Any = simulated) -> str:
+            sim = "-" if simulated is None else f"{simulated[metric] * scale:.{digits}f}"
+            return f"{emulated[metric] * scale:.{digits}f} / {sim}"
+
+        over = row.get("why") or ", ".join(row.get("over_10_percent", [])) or "none"
+        lines.append(
+            f"| {row['share']:.0%} | {row['config']} | {pair('ttft_p99', 1000, 0)} | {pair('tbt_p99', 1000, 1)} | "
+            f"{pair('offline_tokens_per_s', 1, 0)} | {row['host_late_share']:.1%} | {over} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", type=Path, default=RESULTS / "colocation_emulated.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "colocation_sim_check.json")
+    args = parser.parse_args(argv)
+    report = {**json.loads(args.report.read_text()), "source": str(args.report)}
+    result = compare(report)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result) + "\n")
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The emulated co-location bench's judge: the SLO tolerance is online-only's measured seed-to-seed
+spread (so online-only meets its own SLO on every seed, and would not at less), a configuration
+counts where it met the SLO on 2 of 3 seeds, and a baseline that missed the SLO is refused rather
+than compared with.
+
+The runs are written out by hand: what is judged is the arithmetic on them, which is all the judge
+does with a run the emulated engine measured.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import colocation_emulated as bench
+from bench import seed_judge
+
+
+def run(ttft_ms: float, tbt_ms: float, offline: float = 0.0) -> dict[str, float]:
+    return {"ttft_p99": ttft_ms / 1000, "tbt_p99": tbt_ms / 1000, "offline_tokens_per_s": offline}
+
+
+ONLINE_ONLY = [run(100, 20), run(112, 21), run(106, 20.5)]
+
+
+def test_the_tolerance_is_the_seed_spread_online_only_needs_to_meet_its_own_slo() -> None:
+    targets = seed_judge.slo_targets(ONLINE_ONLY)
+    tolerance = seed_judge.tolerance(ONLINE_ONLY)
+
+    assert targets == pytest.approx({"ttft_p99": 0.106, "tbt_p99": 0.0205})
+    assert seed_judge.seed_spread(ONLINE_ONLY) == pytest.approx({"ttft_p99": 0.12, "tbt_p99": 0.05})
+    assert tolerance == pytest.approx(0.12)
+    assert all(not seed_judge.violated(reference, targets, tolerance) for reference in ONLINE_ONLY)
+    slowest = max(ONLINE_ONLY, key=lambda reference: reference["ttft_p99"])
+    assert seed_judge.violated(slowest, targets, tolerance / 3) == ["ttft_p99"]
+
+
+def test_a_spread_needs_two_seeds_and_a_positive_latency() -> None:
+    with pytest.raises(ValueError, match="at least two seeds"):
+        seed_judge.tolerance(ONLINE_ONLY[:1])
+    with pytest.raises(ValueError, match="no spread"):
+        seed_judge.tolerance([run(0, 20), run(10, 20)])
+
+
+def test_a_configuration_meets_the_slo_on_two_of_three_seeds_and_a_failed_run_misses_it() -> None:
+    targets, tolerance = seed_judge.slo_targets(ONLINE_ONLY), seed_judge.tolerance(ONLINE_ONLY)
+    two_of_three = [run(110, 21, 900), run(500, 21, 1500), run(115, 22, 1200)]
+    failed = {"failed": "server start: gone", "offline_tokens_per_s": 0.0, "ttft_p99": math.inf, "tbt_p99": math.inf}
+
+    verdict = seed_judge.verdict("hygen", two_of_three, targets, tolerance)
+    assert (verdict.seeds_met, verdict.met, verdict.offline_tokens_per_s) == (2, True, 1200.0)
+    assert not seed_judge.verdict("echo", [two_of_three[0], two_of_three[1], failed], targets, tolerance).met
+
+
+def cell(baseline: list[dict[str, float]]) -> dict:
+    return {
+        "targets_s": seed_judge.slo_targets(ONLINE_ONLY),
+        "tolerance": seed_judge.tolerance(ONLINE_ONLY),
+        "runs": {
+            "online-only": ONLINE_ONLY,
+            "hygen": [run(104, 20, 3000), run(110, 21, 3300), run(108, 20, 3000)],
+            bench.BASELINE: baseline,
+        },
+    }
+
+
+def test_the_judge_refuses_a_baseline_that_misses_the_slo() -> None:
+    missed = cell([run(400, 20, 9000), run(105, 20, 9000), run(380, 30, 9000)])
+    met = cell([run(105, 20, 1000), run(108, 21, 1100), run(109, 20, 1200)])
+
+    refused = bench.judged(missed)["over_baseline"]["hygen"]
+    assert refused["ratio"] is None and refused["why"].startswith("baseline refused: it met the SLO on 1 of 3")
+    assert bench.judged(met)["over_baseline"]["hygen"] == {"ratio": 2.82, "why": ""}
+    assert bench.goals([{**met, "judged": bench.judged(met)}])["hygen"]["met"]
+    assert not bench.goals([{**missed, "judged": bench.judged(missed)}])["hygen"]["met"]
