@@ -310,6 +310,36 @@ def online_references(setup: Setup, engine: Engine, loads: list[Load], cells: li
         cell["tolerance"] = load.tolerance
 
 
+def search_and_evaluate(
+    setup: Setup,
+    name: str,
+    loads: list[Load],
+    cells: list[dict[str, Any]],
+    tune: Callable[[float, Load], dict[str, Any]],
+    evaluate: Callable[[float, Load], list[dict[str, Any]]],
+    low: float,
+    high: float,
+) -> None:
+    """Each load: the knob searched on the tuning seed, then every evaluation seed at the value found."""
+    for load, cell in zip(loads, cells):
+        assert load.targets is not None and load.tolerance is not None
+        found = search(
+            f"{name} {load.share:g} tuning",
+            lambda value, load=load: tune(value, load),
+            load.targets,
+            load.tolerance,
+            low,
+            high,
+            setup.args.resolution,
+        )
+        cell["search"][name] = found
+        runs = evaluate(found["value"], load)
+        cell["runs"][name] = [
+            progress(f"{name} {load.share:g} seed {seed}", run) for seed, run in enumerate(runs, start=FIRST_EVAL_SEED)
+        ]
+        save(setup, cells)
+
+
 def live_knob(
     setup: Setup,
     name: str,
@@ -321,29 +351,22 @@ def live_knob(
     low: float,
     high: float,
 ) -> None:
-    """A mode whose knob moves on its live server: searched on the tuning seed, then evaluated."""
+    """A mode whose knob moves on its live server."""
 
     def at(value: float, trace: list, load: Load) -> dict[str, Any]:
         apply(engine.server.base_url, value, load)
         return trial(engine, offline, trace)
 
-    for load, cell in zip(loads, cells):
-        assert load.targets is not None and load.tolerance is not None
-        found = search(
-            f"{name} {load.share:g} tuning",
-            lambda v, load=load: at(v, load.tune, load),
-            load.targets,
-            load.tolerance,
-            low,
-            high,
-            setup.args.resolution,
-        )
-        cell["search"][name] = found
-        cell["runs"][name] = [
-            progress(f"{name} {load.share:g} seed {seed}", at(found["value"], trace, load))
-            for seed, trace in enumerate(load.evaluation, start=FIRST_EVAL_SEED)
-        ]
-        save(setup, cells)
+    search_and_evaluate(
+        setup,
+        name,
+        loads,
+        cells,
+        lambda value, load: at(value, load.tune, load),
+        lambda value, load: [at(value, trace, load) for trace in load.evaluation],
+        low,
+        high,
+    )
 
 
 def fresh_server_knob(
@@ -361,39 +384,24 @@ def fresh_server_knob(
 
     def at(value: float, load: Load, traces: list[list]) -> list[dict[str, Any]]:
         settings, sglang_args, inflight = launch(value, load)
+        name_here = f"{name}-{load.share:g}-{value:.4g}"
         try:
-            with serving(setup, f"{name}-{load.share:g}-{value:.4g}", settings, sglang_args, inflight) as (
-                engine,
-                offline,
-            ):
+            with serving(setup, name_here, settings, sglang_args, inflight) as (engine, offline):
                 return [trial(engine, offline, trace, priority=priority) for trace in traces]
         except RuntimeError as error:  # the server did not start: failed runs, reported
-            return [
-                {
-                    "failed": f"server start: {error}",
-                    "offline_tokens_per_s": 0.0,
-                    **{metric: math.inf for metric in seed_judge.SLO_METRICS},
-                }
-                for _ in traces
-            ]
+            failed = {metric: math.inf for metric in seed_judge.SLO_METRICS}
+            return [{"failed": f"server start: {error}", "offline_tokens_per_s": 0.0, **failed} for _ in traces]
 
-    for load, cell in zip(loads, cells):
-        assert load.targets is not None and load.tolerance is not None
-        found = search(
-            f"{name} {load.share:g} tuning",
-            lambda v, load=load: at(v, load, [load.tune])[0],
-            load.targets,
-            load.tolerance,
-            low,
-            high,
-            setup.args.resolution,
-        )
-        cell["search"][name] = found
-        runs = at(found["value"], load, load.evaluation)
-        cell["runs"][name] = [
-            progress(f"{name} {load.share:g} seed {seed}", run) for seed, run in enumerate(runs, start=FIRST_EVAL_SEED)
-        ]
-        save(setup, cells)
+    search_and_evaluate(
+        setup,
+        name,
+        loads,
+        cells,
+        lambda value, load: at(value, load, [load.tune])[0],
+        lambda value, load: at(value, load, load.evaluation),
+        low,
+        high,
+    )
 
 
 def concurrency(value: float) -> int:
@@ -405,7 +413,10 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
     args = setup.args
     if "echo" in args.modes:
         first = slo_scaled(1.0, loads[0].targets or {})
-        with serving(setup, "echo", hygen_settings(setup, "echo", **first), []) as (engine, offline):
+        with serving(setup, "echo", hygen_settings(setup, "echo", **first), [], args.mode_max_inflight) as (
+            engine,
+            offline,
+        ):
             live_knob(
                 setup,
                 "echo",
@@ -423,7 +434,11 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
             "bros",
             loads,
             cells,
-            lambda k, load: (hygen_settings(setup, "bros", **slo_scaled(k, load.targets or {})), [], None),
+            lambda k, load: (
+                hygen_settings(setup, "bros", **slo_scaled(k, load.targets or {})),
+                [],
+                args.mode_max_inflight,
+            ),
             args.low_scale,
             args.high_scale,
         )
@@ -613,6 +628,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
         "seed": args.seed,
         "modes": args.modes,
         "baselines": args.baselines,
+        "mode_max_inflight": args.mode_max_inflight,
         "latency_fit": {form: f["holdout_mape"] for form, f in fit.to_dict()["forms"].items()},
         "capacity_slo_s": {"ttft_p99": args.capacity_ttft, "tbt_p99": args.capacity_tbt},
     }
@@ -650,6 +666,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--high-scale", type=float, default=4.0)
     parser.add_argument("--low-concurrency", type=float, default=1.0, help="offline lines in flight, lowest")
     parser.add_argument("--high-concurrency", type=float, default=256.0)
+    parser.add_argument(
+        "--mode-max-inflight",
+        type=int,
+        default=None,
+        help="the co-location modes' Batch API window (--batch-max-inflight); default: the shipped one",
+    )
     parser.add_argument("--offline-trace", default="trace1", help="Table-2 trace of the offline batch")
     parser.add_argument("--offline-lines", type=int, default=10000)
     parser.add_argument("--prompts", type=int, default=2000, help="ShareGPT first turns online requests cycle through")
@@ -674,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.monotonic()
     setup = build_setup(args)
-    with serving(setup, "hygen", hygen_settings(setup, "hygen"), []) as (engine, offline):
+    with serving(setup, "hygen", hygen_settings(setup, "hygen"), [], args.mode_max_inflight) as (engine, offline):
         found = (
             capacity(setup, engine) if args.capacity is None else {"value": args.capacity, "met": True, "given": True}
         )
