@@ -25,9 +25,9 @@ Every configuration gets the same emulated sizing (KV pool, chunked prefill, run
 Configurations: online-only; hygen (HyGen mode, PSM order, budget searched); hygen-star (the
 HyGen-mode engine with no budget, offline concurrency searched); echo; bros; and
 sglang-priority-searched (``--enable-priority-scheduling --schedule-policy fcfs``, online at
-priority 100, batch lines at 0, offline concurrency searched). The latency model every mode uses
-is fitted on the emulator's own price (`ForwardPricer`), as `sgl-blend profile --latency` fits a
-real device.
+priority 100, batch lines with none, which SGLang ranks lowest, offline concurrency searched).
+The latency model every mode uses is fitted on the emulator's own price (`ForwardPricer`), as
+`sgl-blend profile --latency` fits a real device.
 
     python -m bench.colocation_emulated --modes hygen --requests 1000 --seeds 3
 """
@@ -71,7 +71,9 @@ from sgl_blend.workloads.paper_lines import paper_lines
 RESULTS = Path(__file__).parent / "results"
 DEVICE, MODEL = "h100", "llama-3.1-8b"
 REALTIME_FACTOR = 1.0
-ONLINE_PRIORITY, OFFLINE_PRIORITY = 100, 0
+# SGLang's priority for online requests on the priority baseline; batch lines carry none, which
+# SGLang's priority scheduling ranks lowest.
+ONLINE_PRIORITY = 100
 BASELINE = "sglang-priority-searched"
 MODES = ("hygen", "echo", "bros")
 # The issue's goals: each mode's offline tokens/s over the searched baseline's, SLO met.
