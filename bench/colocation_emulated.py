@@ -49,6 +49,7 @@ import openai
 
 from bench import seed_judge
 from bench.colocation import Engine, online_trace, sharegpt_prompts
+from bench.colocation_judge import add_deadline_scale_arguments
 from bench.shipped_path import HARDWARE
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
@@ -427,7 +428,7 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
                 loads,
                 cells,
                 lambda url, k, load: set_colocation(url, slo_scaled(k, load.targets or {})),
-                args.low_scale,
+                args.low_echo_scale,
                 args.high_scale,
             )
     if "bros" in args.modes:
@@ -441,7 +442,7 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
                 [],
                 args.mode_max_inflight,
             ),
-            args.low_scale,
+            args.low_bros_scale,
             args.high_scale,
         )
     if "hygen-star" in args.baselines:
@@ -664,8 +665,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resolution", type=float, default=2.0, help="every knob search stops at this high/low ratio")
     parser.add_argument("--low-budget-ms", type=float, default=8.0)
     parser.add_argument("--high-budget-ms", type=float, default=64.0)
-    parser.add_argument("--low-scale", type=float, default=1.0, help="Echo's and BROS's SLO scale k, lowest")
-    parser.add_argument("--high-scale", type=float, default=4.0)
+    add_deadline_scale_arguments(parser, high=4.0)
     parser.add_argument("--low-concurrency", type=float, default=1.0, help="offline lines in flight, lowest")
     parser.add_argument("--high-concurrency", type=float, default=256.0)
     parser.add_argument(

@@ -44,15 +44,16 @@ def deadline_scale(text: str) -> float:
     return value
 
 
-def add_deadline_scale_arguments(parser: argparse.ArgumentParser) -> None:
-    """The range both benches search Echo's and BROS's SLO scale k in."""
+def add_deadline_scale_arguments(parser: argparse.ArgumentParser, high: float = 8.0) -> None:
+    """The range the simulator's and the emulated engine's benches search Echo's and BROS's SLO
+    scale k in."""
     parser.add_argument("--low-echo-scale", type=deadline_scale, default=MIN_DEADLINE_SCALE,
                         help="Echo's SLO scale k, lowest (at least 1)")
     parser.add_argument("--low-bros-scale", type=deadline_scale, default=MIN_DEADLINE_SCALE,
                         help="BROS's SLO scale k, lowest (at least 1; below it the TPOT deadline is also shorter "
                              "than a decode iteration, every RT request is infeasible and BROS's guard lifts the "
                              "budget)")
-    parser.add_argument("--high-scale", type=deadline_scale, default=8.0, help="Echo's and BROS's SLO scale k, highest")
+    parser.add_argument("--high-scale", type=deadline_scale, default=high, help="Echo's and BROS's SLO scale k, highest")
 
 
 def ratio(numerator: float, denominator: float) -> float | None:

@@ -152,9 +152,9 @@ def test_the_judge_refuses_a_baseline_that_misses_the_slo() -> None:
 def test_both_benches_refuse_deadlines_below_what_online_only_achieves() -> None:
     """Echo's and BROS's deadlines are k times online-only's P99s: k below 1 is refused, and the
     searches start at 1."""
-    from bench import colocation as cpu_bench
+    from bench import colocation_emulated
 
-    for parse in (bench.parse_args, cpu_bench.parse_args):
+    for parse in (bench.parse_args, colocation_emulated.parse_args):
         args = parse([])
         assert (args.low_echo_scale, args.low_bros_scale) == (1.0, 1.0)
         for flag in ("--low-echo-scale", "--low-bros-scale", "--high-scale"):
