@@ -261,13 +261,13 @@ class ResultWriter:
         return []
 
     def _landed(self, batch_id: str, files: _ResultFiles, commit: BatchCommit) -> bool | None:
-        """Whether a commit that raised landed, from the batch's committed lengths in the store:
-        True (the new ones), False (the old ones), None (the store cannot be read, another runner
-        took the batch, or the lengths are neither)."""
+        """Whether a commit that raised landed, from the batch's committed lengths in the store once
+        the commit has ended there (`settled_batch`): True (the new ones), False (the old ones), None
+        (the store cannot be read, another runner took the batch, or the lengths are neither)."""
         try:
             for attempt in Retrying(stop=stop_after_delay(VERIFY_S), wait=wait_exponential(multiplier=0.2, max=5.0)):
                 with attempt:
-                    row = self.store.get_batch(batch_id)
+                    row = self.store.settled_batch(batch_id)
         except RetryError:
             return None
         if row is None or row.owner != self.owner:

@@ -184,6 +184,18 @@ class BatchStore(LineQueries):
             return _batch(connection, batch_id, owner)
 
     @retry_reads
+    def settled_batch(self, batch_id: str) -> BatchRow | None:
+        """The batch's row once every write under way on it has ended: read under the row's write
+        lock (``FOR UPDATE`` on PostgreSQL; SQLite has one writer at a time). A commit whose reply
+        was lost may still be finishing in the database; a plain read then sees the row as it was
+        before, and a writer asking whether its commit landed would hear "no" about one that did.
+        It only reads, so trying it again is safe."""
+        with self.db.transaction() as connection:
+            query = select(batches).where(batches.c.id == batch_id).with_for_update()
+            found = connection.execute(query).mappings().first()
+            return batch_row(found) if found else None
+
+    @retry_reads
     def list_batches(self, *, after: str | None, limit: int, owner: str | None = None) -> tuple[list[BatchRow], bool]:
         rows, more = self._page(batches, select(batches), after=after, limit=limit, descending=True, owner=owner)
         return [batch_row(row) for row in rows], more
