@@ -53,6 +53,7 @@ from bench.colocation_judge import add_deadline_scale_arguments
 from bench.shipped_path import HARDWARE
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
+from sgl_blend.core.latency_model import FitReport
 from sgl_blend.core.slo_search import SLO, search_budget, steps_for
 from sgl_blend.emulation.clock_reader import read_clock
 from sgl_blend.emulation.devices import resolve_device
@@ -603,12 +604,18 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def latency_fit(args: argparse.Namespace) -> tuple[ForwardPricer, FitReport]:
+    """The emulated device's price, and the latency models fitted on it (what every mode uses)."""
+    pricer = ForwardPricer.of(resolve_device(DEVICE), MODEL, 1)
+    return pricer, fit_latency(NoisyClock(pricer.step, args.jitter, seed=args.seed + 100), args.profile_batches,
+                               args.seed)
+
+
 def build_setup(args: argparse.Namespace) -> Setup:
     """The latency model fitted on the emulator's price, the online prompts and the offline file."""
     work = args.out.parent / f"{args.out.stem}-work"
     work.mkdir(parents=True, exist_ok=True)
-    pricer = ForwardPricer.of(resolve_device(DEVICE), MODEL, 1)
-    fit = fit_latency(NoisyClock(pricer.step, args.jitter, seed=args.seed + 100), args.profile_batches, args.seed)
+    pricer, fit = latency_fit(args)
     prompts = sharegpt_prompts(args.prompts, args.seed, max_chars=args.max_prompt_chars, max_tokens_cap=args.max_output)
     batch_file = work / "offline.jsonl"
     cost = CostModel(model_spec(MODEL), HardwareSpec.resolve(HARDWARE))

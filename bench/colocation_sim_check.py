@@ -27,15 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.colocation import online_trace, sharegpt_prompts
-from bench.colocation_emulated import BASELINE, DEVICE, FIRST_EVAL_SEED, MODEL, slo_scaled
+from bench.colocation_emulated import BASELINE, DEVICE, FIRST_EVAL_SEED, MODEL, latency_fit, parse_args, slo_scaled
 from bench.shipped_path import HARDWARE
 from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.psm_policy import make_offline_policy
-from sgl_blend.emulation.devices import resolve_device
 from sgl_blend.emulation.launch import emulated_launch
-from sgl_blend.emulation.pricing import ForwardPricer
-from sgl_blend.forward_time.step_time import NoisyClock, fit_latency
+from sgl_blend.forward_time.step_time import NoisyClock
 from sgl_blend.measure.online_replay import summarize
 from sgl_blend.models.registry import STAND_IN, prepare
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, OnlineArrival
@@ -100,8 +98,7 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     launch = emulated_launch(DEVICE, MODEL)
-    pricer = ForwardPricer.of(resolve_device(DEVICE), MODEL, 1)
-    fit = fit_latency(NoisyClock(pricer.step, 0.02, seed=100), 400, 0)
+    pricer, fit = latency_fit(parse_args(["--seed", str(report.get("seed", 0))]))
     cost = CostModel(model_spec(MODEL), HardwareSpec.resolve(HARDWARE))
     setup = {
         "latency_model": fit.models[fit.best_form()].to_dict(),
