@@ -22,7 +22,7 @@ from sgl_blend.server.feed import Feed, LineKey
 from sgl_blend.server.planning import PlanKeeper
 from sgl_blend.server.results import LineResult, ResultWriter
 from sgl_blend.server.store import LineRow
-from sgl_blend.server.window import lines_in_flight
+from sgl_blend.server.window import colocated_window, lines_in_flight
 from sgl_blend.server.workers import Worker, WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,8 @@ FILL_SLICE = 128
 
 
 class Dispatcher:
-    """``max_inflight``: every slot's window (None: sized from what the engine runs at once)."""
+    """``max_inflight``: every slot's window (None: sized from what the engine runs at once, or
+    for a co-locating engine from what it runs now)."""
 
     def __init__(
         self,
@@ -51,14 +52,32 @@ class Dispatcher:
         self.max_inflight = max_inflight
         self.wake = wake
         self._inflight: Counter[Slot] = Counter()
+        # A co-locating engine's slots: the window set at the last look at its queue.
+        self._colocated: dict[Slot, int] = {}
         # Request ids: the line's own, unique to this runner (a restarted one may find its
         # predecessor's requests still in a remote engine), without a syscall per line.
         self._rid_prefix = secrets.token_hex(4)
         self._tries = itertools.count()
 
-    def window(self, worker: Worker) -> int:
-        """Lines one of ``worker``'s slots holds at once."""
-        return lines_in_flight(worker.limits.concurrent(self.plan_keeper.mean_footprint), self.max_inflight)
+    def window(self, worker: Worker, slot: Slot) -> int:
+        """Lines ``slot`` of ``worker`` holds at once."""
+        full = lines_in_flight(worker.limits.concurrent(self.plan_keeper.mean_footprint), self.max_inflight)
+        return min(full, self._colocated.get(slot, full))
+
+    def resize(self) -> None:
+        """Size each co-locating slot's window from its queue as its engine last reported it; the
+        window holds until the next report, so lines sent since cannot be taken for running ones."""
+        self._colocated.clear()
+        if self.max_inflight:
+            return
+        for worker in self.pool.ready():
+            if not worker.limits.colocated:
+                continue
+            full = lines_in_flight(worker.limits.concurrent(self.plan_keeper.mean_footprint))
+            for slot in worker.slots():
+                waiting = worker.waiting.get(slot.dp_rank or 0)
+                if waiting is not None:
+                    self._colocated[slot] = colocated_window(full, self._inflight[slot], waiting)
 
     def fill(self) -> bool:
         """Start lines until every ready slot's window is full or its queue is empty, at most
@@ -68,8 +87,8 @@ class Dispatcher:
         starving = False
         started = 0
         for worker in self.pool.ready():
-            window = self.window(worker)
             for slot in worker.slots():
+                window = self.window(worker, slot)
                 waiting: list[LineKey] = []
                 while self._inflight[slot] < window:
                     if started >= FILL_SLICE:

@@ -264,6 +264,12 @@ class InProcessEngine:
         """Each scheduler's internal state, as ``/server_info`` lists it."""
         return await self.tokenizer_manager.get_internal_state()
 
+    async def waiting(self) -> dict[int, int]:
+        """Each DP rank's queue length, from the load report SGLang's schedulers publish every
+        iteration (shared memory: no round trip to the scheduler)."""
+        loads = await self.tokenizer_manager.get_loads(include=["core"])
+        return {load.dp_rank: load.num_waiting_reqs for load in loads}
+
 
 def _with_tokenizer_manager(handler: Any, tokenizer_manager: Any) -> Any:
     clone = copy.copy(handler)

@@ -47,6 +47,7 @@ from sgl_blend.server.prepared import PreparedBatch
 from sgl_blend.server.results import LineResult, ResultWriter
 from sgl_blend.server.store import BatchRow, BatchStore, Conflict, FileRow, LeaseLost, LineRow
 from sgl_blend.server.validation import FileRejected, LineLimits, Prepare, as_read, index_batch, tokenised
+from sgl_blend.server.window import QUEUE_LOOK_S
 from sgl_blend.server.workers import WORKER_GRACE_S, WorkerPool
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ class BatchRunner:
         """Coordinate batches until cancelled; then stop sending, commit what finished, release leases."""
         writer_task = asyncio.create_task(self._writer.run())
         steal = self.store.exclusive
-        next_claim = next_housekeeping = 0.0
+        next_claim = next_housekeeping = next_queue_look = 0.0
         try:
             while not (self.engine is not None and self.engine.stopping):
                 now = time.monotonic()
@@ -166,6 +167,10 @@ class BatchRunner:
                         await self._housekeeping()
                         next_housekeeping = now + HOUSEKEEPING_S
                     await self.workers.probe()
+                    if now >= next_queue_look:
+                        await self.workers.look_at_queues()
+                        self._dispatcher.resize()
+                        next_queue_look = now + QUEUE_LOOK_S
                     self._rebalance()
                     self._advance()
                     starving = self._dispatcher.fill()

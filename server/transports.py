@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 # enough that a chunk's connection is not kept long by its slowest line.
 CHUNK_LINES = 256
 PROBE_TIMEOUT_S = 10.0
+# SGLang's load report: each DP rank's queue length (`server.window.colocated_window`).
+LOADS_PATH = "/v1/loads?include=core"
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Transport(Protocol):
 
     async def info(self) -> dict[str, Any] | None: ...
 
+    async def waiting(self) -> dict[int, int] | None: ...
+
     async def close(self) -> None: ...
 
 
@@ -91,6 +95,9 @@ class InProcessTransport:
 
     async def info(self) -> dict[str, Any] | None:
         return {"dp_size": self.engine.dp_size, "internal_states": await self.engine.limits()}
+
+    async def waiting(self) -> dict[int, int] | None:
+        return await self.engine.waiting()
 
     async def close(self) -> None:
         pass
@@ -188,6 +195,15 @@ class StreamTransport:
         try:
             return await http.server_info_async(self.client, self.url, timeout=PROBE_TIMEOUT_S)
         except (http.NoAnswer, httpx.HTTPStatusError, ValueError):
+            return None
+
+    async def waiting(self) -> dict[int, int] | None:
+        """From SGLang's ``/v1/loads`` (None: the server did not answer it)."""
+        try:
+            response = await self.client.get(self.url + LOADS_PATH, timeout=PROBE_TIMEOUT_S)
+            response.raise_for_status()
+            return {int(load["dp_rank"]): int(load["num_waiting_reqs"]) for load in response.json()["loads"]}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
 
     async def close(self) -> None:

@@ -38,6 +38,7 @@ from tenacity import (
 from sgl_blend.batch_lines.lines import error_record
 from sgl_blend.batch_lines.outcome import AnswerLost, LineOutcome, LineUsage, WorkerUnreachable, aborted_outcome
 from sgl_blend.client import http
+from sgl_blend.emulation.config import STATE_KEY
 from sgl_blend.server.assignment import Slot, worker_slots
 from sgl_blend.server.in_process import InProcessEngine
 from sgl_blend.server.prepared import PreparedLine
@@ -65,10 +66,12 @@ class _Transient(Exception):
 @dataclass(frozen=True)
 class EngineLimits:
     """What one of a worker's schedulers can hold at once, as its ``/server_info`` says: KV tokens
-    and running requests (None where the server does not say)."""
+    and running requests (None where the server does not say), and whether it runs a co-location
+    mode (its offline share is what online work leaves; `server.window.colocated_window`)."""
 
     kv_tokens: int | None = None
     max_running: int | None = None
+    colocated: bool = False
 
     @classmethod
     def of(cls, info: Mapping[str, Any]) -> EngineLimits:
@@ -76,7 +79,9 @@ class EngineLimits:
         state = states[0] if isinstance(states[0], Mapping) else {}
         tokens = (state.get("memory_usage") or {}).get("token_capacity")
         running = state.get("effective_max_running_requests_per_dp")
-        return cls(int(tokens) if tokens else None, int(running) if running else None)
+        plugin = state.get(STATE_KEY)
+        colocated = isinstance(plugin, Mapping) and bool(plugin.get("colocation") or plugin.get("bros"))
+        return cls(int(tokens) if tokens else None, int(running) if running else None, colocated)
 
     def concurrent(self, footprint: float | None) -> int | None:
         """Requests of ``footprint`` KV tokens each (over their life) that run at once."""
@@ -90,6 +95,9 @@ class Worker:
     dp_size: int | None = None  # None: not known to be alive (not probed yet, or declared dead)
     inflight: int = 0
     limits: EngineLimits = field(default_factory=EngineLimits)
+    # Requests waiting in each DP rank's scheduler queue, as the engine last reported them (only
+    # read for a co-locating engine).
+    waiting: dict[int, int] = field(default_factory=dict)
     backoff: http.Backoff = field(default_factory=lambda: http.Backoff(max_s=MAX_WORKER_BACKOFF_S))
     last_failure: Exception | None = None
 
@@ -282,6 +290,14 @@ class WorkerPool:
             self._on_change()
         else:
             logger.info("worker %s failed a line; pausing it %.1f s: %s", worker.url, pause, error)
+
+    async def look_at_queues(self) -> None:
+        """Read each live co-locating worker's queue lengths (SGLang's load report); one that does
+        not answer keeps its last ones."""
+        colocated = [worker for worker in self.workers.values() if worker.live and worker.limits.colocated]
+        for worker, waiting in zip(colocated, await asyncio.gather(*(w.transport.waiting() for w in colocated))):
+            if waiting is not None:
+                worker.waiting = waiting
 
     async def probe(self) -> None:
         """Ask each worker not known to be alive what it is (at its back-off pace): one that

@@ -421,9 +421,15 @@ SURFACES = (
     ),
     Surface(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager",
-        "tokenizer server_args get_internal_state gracefully_exit generate_request",
+        "tokenizer server_args get_internal_state get_loads gracefully_exit generate_request",
         "tokenizer_manager self.tokenizer_manager self._tokenizer_manager",
-        "text prompts tokenised as SGLang does; the engine's size for the runner's window; a SIGTERM's drain",
+        "text prompts tokenised as SGLang does; the engine's size and queue for the runner's window; a SIGTERM's drain",
+    ),
+    Surface(
+        "sglang.srt.managers.load_snapshot.LoadSnapshot",
+        "dp_rank num_waiting_reqs",
+        "load",
+        "a co-locating engine's queue, for the runner's window",
     ),
     Surface(
         f"{IO}.GenerateReqInput",

@@ -1,7 +1,8 @@
 """Co-location in a real SGLang scheduler (tiny-llama, KV pool of 4096 tokens so offline work can
 fill it; one HyGen server, then one Echo server): online requests are admitted in the very next
 iteration even when offline work saturates the engine, a preempted offline request resumes from
-its cached KV and writes exactly what an undisturbed run writes, settings change at runtime, and
+its cached KV and writes exactly what an undisturbed run writes, settings change at runtime, a
+batch waits in the engine's queue only as much as the window of a co-locating engine lets it, and
 Echo's selector decides which offline requests the engine admits."""
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import random
+import time
 import urllib.error
 import urllib.request
 from typing import Any, Iterator
 
+import openai
 import pytest
 import requests
 
@@ -20,7 +23,10 @@ from sgl_blend.launch.colocation import colocation_launch
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.offline import offline_routing_key
 from sgl_blend.launch.supervisor import ServerProcess, start_server
+from sgl_blend.server.config import BatchApiConfig
+from sgl_blend.server.window import QUEUE_FLOOR, QUEUE_LOOK_S
 from sgl_blend.sglang_plugin.settings import PluginSettings
+from tests.batch.helpers import chat_lines, create_batch, wait_until
 from tests.conftest import free_port
 from tests.waiting import wait_for
 
@@ -34,16 +40,18 @@ MODEL = {"form": "hygen", "coefficients": {"intercept": 1e-3, "S_p": 1e-5, "S_d"
                                             "N_p": 0.0, "N_d": 0.0}}
 
 
-def launch(tmp_path_factory: pytest.TempPathFactory, config: ColocationConfig, *flags: str) -> ServerProcess:
+def launch(tmp_path_factory: pytest.TempPathFactory, config: ColocationConfig, *flags: str,
+           batch_api: bool = False) -> ServerProcess:
     settings = PluginSettings(offline_policy="fcfs", colocation=config)
     args = colocation_launch(settings, ["--port", str(free_port()), "--max-total-tokens", str(KV_TOKENS), *flags])
-    log = tmp_path_factory.mktemp("colocation") / "server.log"
-    return start_server("tiny-llama", args, log_path=log, settings=settings)
+    work = tmp_path_factory.mktemp("colocation")
+    return start_server("tiny-llama", args, log_path=work / "server.log", settings=settings,
+                        batch_api=BatchApiConfig(data_dir=work / "batches") if batch_api else None)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = launch(tmp_path_factory, ColocationConfig(mode="hygen", latency_model=MODEL))
+    process = launch(tmp_path_factory, ColocationConfig(mode="hygen", latency_model=MODEL), batch_api=True)
     yield process
     process.stop()
 
@@ -164,6 +172,32 @@ def test_settings_change_at_runtime_and_bad_ones_are_refused(server: ServerProce
     assert records and all(record["latency_budget_s"] == 0.05 and record["predicted_s"] > 0 for record in records)
     assert set_state(server, {"sgl_blend_clear_latency_budget": 1})
     assert plugin_state(server)["colocation"]["latency_budget_s"] is None
+
+
+def waiting_in_engine(server: ServerProcess) -> int:
+    return requests.get(f"{server.base_url}/v1/loads?include=core", timeout=60).json()["loads"][0]["num_waiting_reqs"]
+
+
+def test_a_batch_waits_in_a_colocating_engine_only_as_far_as_its_window(server: ServerProcess) -> None:
+    """With a latency budget below any iteration, HyGen admits no offline line: the batch's lines
+    can only wait. The full window (twice the ~190 short lines the 4,096-token pool holds) would
+    put all 150 in SGLang's queue; a co-locating engine's window keeps `QUEUE_FLOOR` there. Once
+    the budget is lifted the batch completes."""
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    assert set_state(server, {"sgl_blend_latency_budget_s": 1e-4})
+    try:
+        batch = create_batch(client, chat_lines(150, "queued"))
+        wait_for(lambda: waiting_in_engine(server) >= QUEUE_FLOOR, "the batch's lines to wait in the engine")
+        seen = []
+        for _ in range(6):
+            time.sleep(QUEUE_LOOK_S)
+            seen.append(waiting_in_engine(server))
+        assert max(seen) == QUEUE_FLOOR, seen
+        assert client.batches.retrieve(batch.id).request_counts.completed == 0
+    finally:
+        assert set_state(server, {"sgl_blend_clear_latency_budget": 1})
+    done = wait_until(client, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 150, done
 
 
 def test_a_parked_offline_decode_is_held_with_its_kv_through_an_online_burst_and_resumes_without_a_prefill(
