@@ -295,8 +295,11 @@ class WorkerPool:
         """Read each live co-locating worker's queue lengths (SGLang's load report); one that does
         not answer keeps its last ones."""
         colocated = [worker for worker in self.workers.values() if worker.live and worker.limits.colocated]
-        for worker, waiting in zip(colocated, await asyncio.gather(*(w.transport.waiting() for w in colocated))):
-            if waiting is not None:
+        answers = await asyncio.gather(*(worker.transport.waiting() for worker in colocated), return_exceptions=True)
+        for worker, waiting in zip(colocated, answers):
+            if isinstance(waiting, BaseException):
+                logger.debug("worker %s did not say its queue: %s", worker.url, waiting)
+            elif waiting is not None:
                 worker.waiting = waiting
 
     async def probe(self) -> None:

@@ -52,6 +52,7 @@ class _Recorder:
         self.prompt_lens = prompt_lens
         self.last: dict[str, float] = {}
         self.events: list[tuple[float, int]] = []
+        self.output_events: list[tuple[float, int]] = []
         self.started: set[str] = set()
         self.offline_finished = 0
 
@@ -66,6 +67,7 @@ class _Recorder:
                 self.started.add(rid)
                 tokens += self.prompt_lens[rid]
             self.events.append((now, tokens))
+            self.output_events.append((now, 1))
             return
         if timing.ttft is None:
             timing.ttft = now - timing.sent_at
@@ -112,4 +114,5 @@ def run_bros(
         summary["iterations"],
         0,
         counts,
+        recorder.output_events,
     )

@@ -14,6 +14,9 @@ Configurations are the same loop with different settings, so they differ only wh
 - no latency budget: online first and offline fills every iteration (SGLang's priority scheduling
   with mixed chunks; give it SGLang's own offline order, ``lpm``);
 - ``offline_rate``: offline requests are released to the pool at that rate (HyGen's HyGen*);
+- ``batch_window``: offline requests are released in file order through the Batch API's window
+  for a co-locating engine (`server.window.colocated_window`): what the engine runs plus as many
+  again, at least `QUEUE_FLOOR`, resized every `QUEUE_LOOK_S` -- the emulated judge's feed;
 - a latency budget (HyGen) or Echo's deadlines: the co-location planner. In Echo mode the
   controller's selector picks the offline admissions (`ColocationController.choose_offline`) from
   the policy's first proposals, as it does in the plugin from the ordered waiting queue, and they
@@ -45,6 +48,13 @@ from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
 from sgl_blend.core.request_timing import RequestTiming
 from sgl_blend.forward_time.step_time import NoisyClock
+from sgl_blend.server.window import (
+    QUEUE_LOOK_S,
+    colocated_window,
+    concurrent_requests,
+    line_footprint,
+    lines_in_flight,
+)
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.workload import SimRequest
 
@@ -63,7 +73,8 @@ class ColocatedConfig:
     ``--chunked-prefill-size``); ``offline_rate`` None puts the whole pool in at time 0.
     ``mixed`` False is SGLang without ``--enable-mixed-chunk``: an iteration that prefills
     anything decodes nothing, and prefill goes first whenever a prompt fits. ``echo_window`` is how
-    many of the policy's proposals Echo's selector weighs (`echo_plan.CANDIDATE_WINDOW`)."""
+    many of the policy's proposals Echo's selector weighs (`echo_plan.CANDIDATE_WINDOW`).
+    ``batch_window`` feeds offline requests as the Batch API feeds a co-locating engine."""
 
     kv_capacity: int
     chunk_tokens: int = 512
@@ -72,12 +83,14 @@ class ColocatedConfig:
     mixed: bool = True
     proposal_size: int = 8
     echo_window: int = CANDIDATE_WINDOW
+    batch_window: bool = False
 
 
 @dataclass
 class ColocatedResult:
     """Online timings (one per arrival, in arrival order), offline tokens as ``(time, tokens)``
-    events, and what the planner did."""
+    events (prompts and outputs; ``offline_output_events`` the outputs alone), and what the
+    planner did."""
 
     horizon_s: float
     seconds: float
@@ -86,11 +99,20 @@ class ColocatedResult:
     iterations: int
     peak_kv: int
     counts: dict[str, int] = field(default_factory=dict)
+    offline_output_events: list[tuple[float, int]] = field(default_factory=list)
 
     def offline_tokens_per_s(self) -> float:
         """Offline prompt tokens (once, when a request's prompt is done) and output tokens
         produced before the online trace ends, per second of it; recomputation does not count."""
-        tokens = sum(count for at, count in self.offline_events if at <= self.horizon_s)
+        return self._per_s(self.offline_events)
+
+    def offline_output_tokens_per_s(self) -> float:
+        """Offline output tokens alone, as the Batch API's usage counts them (the emulated judge's
+        measure)."""
+        return self._per_s(self.offline_output_events)
+
+    def _per_s(self, events: list[tuple[float, int]]) -> float:
+        tokens = sum(count for at, count in events if at <= self.horizon_s)
         return tokens / self.horizon_s if self.horizon_s else 0.0
 
 
@@ -170,6 +192,11 @@ class _ColocatedRun:
         self.offline_order = list(offline)
         self.offline: dict[str, _Active] = {r.rid: _Active(r, False, 0.0, None) for r in offline}
         self.released = 0
+        # The Batch API's window (``batch_window``): its size now, and when it is next resized.
+        self.window = 0
+        self.next_look = 0.0
+        footprints = [line_footprint(r.prompt_len, r.max_new_tokens) for r in offline]
+        self.footprint = sum(footprints) / len(footprints) if footprints else None
         self.horizon_s = horizon_s
         self.cache = RadixKVCache()
         self.private_used = 0
@@ -179,6 +206,7 @@ class _ColocatedRun:
         self.running: list[_Active] = []
         self.online_left = len(self.arrivals)
         self.events: list[tuple[float, int]] = []
+        self.output_events: list[tuple[float, int]] = []
         self.iterations = 0
         self.peak_kv = 0
         self.counts = {
@@ -206,7 +234,14 @@ class _ColocatedRun:
             if not self._step():
                 self._idle_until_next_event()
         return ColocatedResult(
-            self.horizon_s, self.now, self.timings, self.events, self.iterations, self.peak_kv, self.counts
+            self.horizon_s,
+            self.now,
+            self.timings,
+            self.events,
+            self.iterations,
+            self.peak_kv,
+            self.counts,
+            self.output_events,
         )
 
     # -- arrivals ----------------------------------------------------------------------------
@@ -216,12 +251,26 @@ class _ColocatedRun:
             return
         rate = self.cfg.offline_rate
         due = len(self.offline_order) if rate is None else min(len(self.offline_order), int(self.now * rate) + 1)
+        if self.cfg.batch_window:
+            due = min(due, self._window_due())
         if due > self.released:
             self.policy.submit(
                 OfflineRequest(r.rid, r.prompt_ids(), r.max_new_tokens, r.exact)
                 for r in self.offline_order[self.released : due]
             )
             self.released = due
+
+    def _window_due(self) -> int:
+        """Released offline requests the Batch API's window allows: those finished, and the window
+        resized at each look from what runs (admitted, prefilling or decoding) and what waits."""
+        finished = self.counts["offline_finished"]
+        if self.now >= self.next_look:
+            running = sum(1 for active in self.running if not active.online)
+            inflight = self.released - finished
+            full = lines_in_flight(concurrent_requests(self.cfg.kv_capacity, self.cfg.max_running, self.footprint))
+            self.window = colocated_window(full, inflight, inflight - running)
+            self.next_look = self.now + QUEUE_LOOK_S
+        return finished + self.window
 
     def _take_arrivals(self) -> None:
         while self.next_arrival < len(self.arrivals) and self.arrivals[self.next_arrival].at <= self.now:
@@ -236,6 +285,8 @@ class _ColocatedRun:
         rate = self.cfg.offline_rate
         if rate is not None and self.released < len(self.offline_order):
             upcoming.append(self.released / rate)
+        if self.cfg.batch_window and self.released < len(self.offline_order):
+            upcoming.append(self.next_look)
         later = [at for at in upcoming if at > self.now]
         if not later:
             raise RuntimeError("the engine is idle with online requests left: one cannot fit in KV")
@@ -366,15 +417,18 @@ class _ColocatedRun:
         self.now += seconds
         self.iterations += 1
         self.cache.advance(1)
-        offline_tokens = 0
+        offline_tokens = offline_outputs = 0
         for active in decoding:
             offline_tokens += self._emit_token(active)
+            offline_outputs += not active.online
         for active, chunk in chunks:
             active.prefill_left -= chunk
             if not active.prefill_left:
                 offline_tokens += self._emit_token(active)
+                offline_outputs += not active.online
         if offline_tokens:
             self.events.append((self.now, offline_tokens))
+            self.output_events.append((self.now, offline_outputs))
         self.peak_kv = max(self.peak_kv, self.cache.used + self.private_used)
         if self.policy is not None:
             self.policy.advance(1)

@@ -176,6 +176,7 @@ def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_
     # Every offline request finished: its prompt and its output counted exactly once.
     assert result.counts["offline_finished"] == len(offline)
     assert sum(tokens for _, tokens in result.offline_events) == sum(r.prompt_len + r.output_len for r in offline)
+    assert sum(tokens for _, tokens in result.offline_output_events) == sum(r.output_len for r in offline)
 
 
 def test_steps_for_a_resolution() -> None:

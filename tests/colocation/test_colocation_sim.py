@@ -17,6 +17,7 @@ from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.measure.online_replay import summarize
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, ColocatedResult, OnlineArrival
 from sgl_blend.forward_time.overlap import overlap_function
+from sgl_blend.server.window import QUEUE_FLOOR
 from sgl_blend.forward_time.step_time import NoisyClock, StepTime, fit_latency
 from sgl_blend.sim.workload import SimRequest, chain_hash
 
@@ -86,6 +87,45 @@ def test_online_only_serving_runs_no_offline_work(latency_model: dict) -> None:
     result, _ = run(latency_model, offline=[])
     assert result.offline_events == []
     assert result.offline_tokens_per_s() == 0
+
+
+def test_offline_output_tokens_are_counted_apart_from_prompts(latency_model: dict) -> None:
+    """The emulated judge counts a batch's output tokens; the simulator's output figure must not
+    carry prompts. One-token replies of 100-token prompts: a finished request adds 101 tokens to
+    the offline events and 1 to the output events."""
+    offline = [SimRequest(f"off-{i}", "offline", (), 100, 1, 1, True) for i in range(300)]
+    result, _ = run(latency_model, budget_s=0.02, offline=offline)
+    outputs = sum(count for _at, count in result.offline_output_events)
+    assert outputs == result.counts["offline_finished"] > 0
+    assert sum(count for _at, count in result.offline_events) == 101 * outputs
+    assert result.offline_output_tokens_per_s() * 101 == pytest.approx(result.offline_tokens_per_s())
+
+
+def released_through_the_batch_window(latency_model: dict, budget_s: float | None) -> int:
+    """Offline requests that reached the policy when fed as the Batch API feeds a co-locating engine."""
+    policy = make_offline_policy("psm", MODEL, HARDWARE)
+    submitted: list = []
+    submit = policy.submit
+
+    def counted(requests):
+        batch = list(requests)
+        submitted.extend(batch)
+        return submit(batch)
+
+    policy.submit = counted
+    controller = ColocationController(ColocationConfig(mode="hygen", latency_budget_s=budget_s,
+                                                       latency_model=latency_model))
+    engine = ColocatedEngine(NoisyClock(STEP, jitter=0.0), controller, policy,
+                             ColocatedConfig(COST.kv_capacity_tokens(), batch_window=True))
+    engine.run(online_load(), offline_pool(), HORIZON_S)
+    return len(submitted)
+
+
+def test_the_batch_window_feeds_what_runs_and_as_many_again(latency_model: dict) -> None:
+    """A budget below any iteration admits no offline work: only the window's floor is released.
+    Without a budget offline work runs, and the window grows with it."""
+    assert released_through_the_batch_window(latency_model, 1e-6) == QUEUE_FLOOR
+    assert released_through_the_batch_window(latency_model, None) > 2 * QUEUE_FLOOR
 
 
 def test_a_latency_budget_trades_offline_throughput_for_online_latency(latency_model: dict) -> None:

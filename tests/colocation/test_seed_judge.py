@@ -74,3 +74,21 @@ def test_the_judge_refuses_a_baseline_that_misses_the_slo() -> None:
     assert bench.judged(met)["over_baseline"]["hygen"] == {"ratio": 2.82, "why": ""}
     assert bench.goals([{**met, "judged": bench.judged(met)}])["hygen"]["met"]
     assert not bench.goals([{**missed, "judged": bench.judged(missed)}])["hygen"]["met"]
+
+
+def test_bros_is_held_to_the_best_priority_run_that_attains_the_absolute_slo() -> None:
+    """BROS's goal is against SGLang's priority scheduling at the same attainment of the absolute
+    SLO: among every concurrency the baseline was tried at, the best that attained it. A faster
+    try that missed it does not count; a BROS that missed it on 2 of 3 seeds misses the goal."""
+    absolute = {"ttft_p99": 0.4, "tbt_p99": 0.1}
+    trials = [{"value": 8, **run(900, 40, 5000)}, {"value": 2, **run(300, 40, 1000)}, {"value": 1, **run(200, 30, 600)}]
+    base = cell([run(250, 30, 700), run(260, 31, 650), run(240, 29, 750)])
+    attaining = {**base, "search": {bench.BASELINE: {"trials": trials}},
+                 "runs": {**base["runs"], "bros": [run(350, 90, 1400), run(390, 95, 1300), run(380, 99, 1200)]}}
+    goal = bench.bros_goal([{**attaining, "share": 0.3}], absolute)
+    assert goal is not None and goal["loads"][0]["priority_best_attaining_tokens_per_s"] == 1000
+    assert goal["loads"][0]["ratio"] == 1.3 and goal["met"]
+
+    missing = {**attaining, "runs": {**attaining["runs"], "bros": [run(450, 90, 9000), run(390, 120, 9000),
+                                                                 run(380, 99, 9000)]}}
+    assert not bench.bros_goal([{**missing, "share": 0.3}], absolute)["met"]
