@@ -24,6 +24,7 @@ offline work at a rate); they are reported, not simulated.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from collections.abc import Sequence
@@ -139,7 +140,11 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
         "step": pricer.step,
     }
     tokenizer = AutoTokenizer.from_pretrained(str(prepare(STAND_IN)[0]))
-    offline = paper_requests(report["offline_trace"], report["offline_lines"], cost, report.get("seed", 0))
+    # The batch's lines ask for exactly their output (`paper_lines`: ``max_tokens``, ``ignore_eos``).
+    offline = [
+        dataclasses.replace(request, max_new_tokens=request.output_len, exact=True)
+        for request in paper_requests(report["offline_trace"], report["offline_lines"], cost, report.get("seed", 0))
+    ]
     rows = []
     for cell in report["cells"]:
         seeds = [FIRST_EVAL_SEED + index for index in range(report["seeds"])]

@@ -467,12 +467,16 @@ class _ColocatedRun:
     def _offline_prefill(self, budget: IterationBudget, room: int, chunks: list[tuple[_Active, int]]) -> None:
         """Offline prompts under way, then new ones in the policy's order, each chunk what the
         plan's budget allows (`IterationBudget.offline_chunk`, as the plugin asks it)."""
-        for active in [a for a in self.running if not a.online and a.prefill_left]:
+        under_way = [a for a in self.running if not a.online and a.prefill_left]
+        for active in under_way:
             room = self._offline_chunk(budget, active, room, chunks, must_progress=True)
             if room <= 0:
                 return
         if room <= 0 or len(self.running) >= self.cfg.max_running:
             return
+        # SGLang holds one chunked request at a time: while a prompt is under way a new one must
+        # fit whole, and one that does not is cut to the room left and ends the admissions.
+        chunked = bool(under_way)
         reserved = sum(a.admission_reserve() for a in self.running)
         while room > 0 and len(self.running) < self.cfg.max_running:
             free = self._free() + self.cache.evictable - reserved
@@ -483,11 +487,9 @@ class _ColocatedRun:
             for offered in proposal:
                 active = self.offline[offered.rid]
                 extend = active.prompt_len - self.cache.cached_prefix(active.request.prefix) + active.generated
-                if (
-                    room <= 0
-                    or extend + active.reserve() > free
-                    or not budget.offline_chunk(extend, active.prompt_len + active.generated - extend, active.reserve())
-                ):
+                allowed = budget.offline_chunk(extend, active.prompt_len + active.generated - extend, active.reserve())
+                cut = min(allowed, room) < extend
+                if room <= 0 or extend + active.reserve() > free or not allowed or (cut and chunked):
                     break
                 if not self._start(active):
                     break
@@ -495,15 +497,18 @@ class _ColocatedRun:
                 free -= extend + active.reserve()
                 reserved += active.admission_reserve()
                 room = self._offline_chunk(budget, active, room, chunks)
+                if cut:
+                    break
             self._offline_policy.admitted(taken)
-            if len(taken) < len(proposal) or not taken:
+            if len(taken) < len(proposal) or not taken or chunks and chunks[-1][1] < chunks[-1][0].prefill_left:
                 return
 
     def _echo_prefill(self, plan: IterationPlan, room: int, chunks: list[tuple[_Active, int]]) -> None:
         """Offline prompts under way first (they cannot pause), then Echo's selection among the
         policy's first proposals, admitted in the selector's order, each chunk capped by it."""
         budget = plan.budget
-        for active in [a for a in self.running if not a.online and a.prefill_left]:
+        under_way = [a for a in self.running if not a.online and a.prefill_left]
+        for active in under_way:
             room = self._offline_chunk(budget, active, room, chunks, must_progress=True)
         slots = self.cfg.max_running - len(self.running)
         free = self._free() + self.cache.evictable - sum(a.admission_reserve() for a in self.running)
@@ -515,11 +520,15 @@ class _ColocatedRun:
         taken = []
         for rid, chunk in admit.items():
             active = self.offline[rid]
-            if room <= 0 or by_rid[rid].extend + active.reserve() > free or not self._start(active):
+            extend = by_rid[rid].extend
+            cut = min(chunk, room) < extend  # one chunked request at a time, as in `_offline_prefill`
+            if room <= 0 or extend + active.reserve() > free or (cut and under_way) or not self._start(active):
                 break
             taken.append(rid)
-            free -= by_rid[rid].extend + active.reserve()
+            free -= extend + active.reserve()
             room = self._offline_chunk(budget, active, room, chunks, cap=chunk)
+            if cut:
+                break
         self._offline_policy.admitted(taken)
 
     def _candidate(self, active: _Active) -> OfflineCandidate:
