@@ -56,6 +56,8 @@ def lines_in_flight(concurrent: int | None, chosen: int | None = None) -> int:
 def colocated_window(full: int, inflight: int, waiting: int) -> int:
     """Lines in flight on a co-locating engine's slot: those it runs now (``inflight`` less the
     ``waiting`` it reports), and as many again waiting, at least `QUEUE_FLOOR`; never more than
-    the ``full`` window. Doubling lets the window grow as fast as the engine's share does."""
+    the ``full`` window. Doubling lets the window grow as fast as the engine's share does. Lines
+    the engine has not reported yet count as running, so one look can overshoot by them; the
+    next one, with the engine's report caught up, sizes the window again."""
     running = max(0, inflight - waiting)
     return min(full, running + max(QUEUE_FLOOR, running))
