@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import json
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -509,37 +508,36 @@ def goals(cells: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def within(run: dict[str, Any], slo: dict[str, float]) -> bool:
-    """At least 99% attainment of the absolute SLO: P99 TTFT within it (per request) and P99 TBT
-    within the TPOT deadline (per token, as `bench.bros` counts TPOT attainment)."""
-    return all(run[metric] <= slo[metric] for metric in seed_judge.SLO_METRICS)
-
-
 def bros_goal(cells: list[dict[str, Any]], slo: dict[str, float]) -> dict[str, Any] | None:
     """BROS attains the absolute SLO on 2 of 3 seeds at every load, with at least `BROS_GOAL` times
     the best offline tokens/s SGLang's priority scheduling reached attaining it too, over every
     concurrency it was tried at (its tuning trials and its evaluation, if that attained it on 2 of
-    3 seeds). None when BROS and the baseline did not both run."""
+    3 seeds). Attaining it is at least 99% attainment: P99 TTFT within it (per request) and P99 TBT
+    within the TPOT deadline (per token, as `bench.bros` counts TPOT attainment), so it is the
+    seed judge's verdict against the SLO with no tolerance. None when BROS and the baseline did not
+    both run."""
     loads = []
     for cell in cells:
         runs = cell["runs"]
         if "bros" not in runs or BASELINE not in runs:
             continue
-        bros = runs["bros"]
-        attained = sum(within(run, slo) for run in bros) >= seed_judge.MET_SHARE * len(bros)
-        baseline_runs = runs[BASELINE]
-        tries = [trial for trial in cell["search"][BASELINE]["trials"] if within(trial, slo)]
-        if sum(within(run, slo) for run in baseline_runs) >= seed_judge.MET_SHARE * len(baseline_runs):
-            tries.append({"offline_tokens_per_s": statistics.fmean(r["offline_tokens_per_s"] for r in baseline_runs)})
-        best = max((trial["offline_tokens_per_s"] for trial in tries), default=None)
-        bros_rate = statistics.fmean(run["offline_tokens_per_s"] for run in bros)
+        bros = seed_judge.verdict("bros", runs["bros"], slo, 0.0)
+        baseline = seed_judge.verdict(BASELINE, runs[BASELINE], slo, 0.0)
+        tries = [
+            trial["offline_tokens_per_s"]
+            for trial in cell["search"][BASELINE]["trials"]
+            if not seed_judge.violated(trial, slo, 0.0)
+        ]
+        if baseline.met:
+            tries.append(baseline.offline_tokens_per_s)
+        best = max(tries, default=None)
         loads.append(
             {
                 "share": cell["share"],
-                "bros_attained": attained,
-                "bros_tokens_per_s": round(bros_rate, 1),
+                "bros_attained": bros.met,
+                "bros_tokens_per_s": round(bros.offline_tokens_per_s, 1),
                 "priority_best_attaining_tokens_per_s": None if best is None else round(best, 1),
-                "ratio": round(bros_rate / best, 3) if best else None,
+                "ratio": round(bros.offline_tokens_per_s / best, 3) if best else None,
             }
         )
     if not loads:

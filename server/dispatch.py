@@ -61,8 +61,11 @@ class Dispatcher:
 
     def window(self, worker: Worker, slot: Slot) -> int:
         """Lines ``slot`` of ``worker`` holds at once."""
-        full = lines_in_flight(worker.limits.concurrent(self.plan_keeper.mean_footprint), self.max_inflight)
+        full = self._full_window(worker)
         return min(full, self._colocated.get(slot, full))
+
+    def _full_window(self, worker: Worker) -> int:
+        return lines_in_flight(worker.limits.concurrent(self.plan_keeper.mean_footprint), self.max_inflight)
 
     def resize(self) -> None:
         """Size each co-locating slot's window from its queue as its engine last reported it; the
@@ -73,7 +76,7 @@ class Dispatcher:
         for worker in self.pool.ready():
             if not worker.limits.colocated:
                 continue
-            full = lines_in_flight(worker.limits.concurrent(self.plan_keeper.mean_footprint))
+            full = self._full_window(worker)
             for slot in worker.slots():
                 waiting = worker.waiting.get(slot.dp_rank or 0)
                 if waiting is not None:

@@ -48,13 +48,8 @@ from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
 from sgl_blend.core.request_timing import RequestTiming
 from sgl_blend.forward_time.step_time import NoisyClock
-from sgl_blend.server.window import (
-    QUEUE_LOOK_S,
-    colocated_window,
-    concurrent_requests,
-    line_footprint,
-    lines_in_flight,
-)
+from sgl_blend.server.window import QUEUE_LOOK_S, colocated_window
+from sgl_blend.sim.feed import runner_window
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.workload import SimRequest
 
@@ -192,11 +187,11 @@ class _ColocatedRun:
         self.offline_order = list(offline)
         self.offline: dict[str, _Active] = {r.rid: _Active(r, False, 0.0, None) for r in offline}
         self.released = 0
-        # The Batch API's window (``batch_window``): its size now, and when it is next resized.
+        # The Batch API's window (``batch_window``): the runner's full one, its size now, and when
+        # it is next resized.
+        self.full_window = runner_window(self.offline_order, self.cfg, self.cfg.kv_capacity)
         self.window = 0
         self.next_look = 0.0
-        footprints = [line_footprint(r.prompt_len, r.max_new_tokens) for r in offline]
-        self.footprint = sum(footprints) / len(footprints) if footprints else None
         self.horizon_s = horizon_s
         self.cache = RadixKVCache()
         self.private_used = 0
@@ -267,8 +262,7 @@ class _ColocatedRun:
         if self.now >= self.next_look:
             running = sum(1 for active in self.running if not active.online)
             inflight = self.released - finished
-            full = lines_in_flight(concurrent_requests(self.cfg.kv_capacity, self.cfg.max_running, self.footprint))
-            self.window = colocated_window(full, inflight, inflight - running)
+            self.window = colocated_window(self.full_window, inflight, inflight - running)
             self.next_look = self.now + QUEUE_LOOK_S
         return finished + self.window
 
@@ -500,7 +494,8 @@ class _ColocatedRun:
                 if cut:
                     break
             self._offline_policy.admitted(taken)
-            if len(taken) < len(proposal) or not taken or chunks and chunks[-1][1] < chunks[-1][0].prefill_left:
+            left_chunked = bool(chunks) and chunks[-1][1] < chunks[-1][0].prefill_left
+            if len(taken) < len(proposal) or not taken or left_chunked:
                 return
 
     def _echo_prefill(self, plan: IterationPlan, room: int, chunks: list[tuple[_Active, int]]) -> None:

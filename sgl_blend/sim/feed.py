@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from sgl_blend.batch_lines.plan import LinePlanner, RankSpace
 from sgl_blend.core.dp_shares import WorkItem
@@ -28,11 +29,17 @@ from sgl_blend.core.placement import Placement
 from sgl_blend.core.protocol import OfflineRequest
 from sgl_blend.server.planning import is_sample, sample_placement
 from sgl_blend.server.window import concurrent_requests, line_footprint, lines_in_flight
-from sgl_blend.sim.engine import EngineConfig
 from sgl_blend.sim.workload import SimRequest
 
 
-def runner_window(requests: Sequence[SimRequest], config: EngineConfig, kv_capacity: int) -> int:
+class RunningLimit(Protocol):
+    """A simulated engine's configuration, as far as the runner's window reads it."""
+
+    @property
+    def max_running(self) -> int: ...
+
+
+def runner_window(requests: Sequence[SimRequest], config: RunningLimit, kv_capacity: int) -> int:
     """Lines in flight, as the runner sizes its window for an engine of ``kv_capacity`` tokens and
     ``config.max_running`` requests."""
     if not requests:
