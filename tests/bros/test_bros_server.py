@@ -9,6 +9,7 @@ says the scheduler runs the bros mode; a repeated prompt finds nothing cached).
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -59,6 +60,26 @@ def test_realtime_and_best_effort_requests_answer_correctly_while_both_run(serve
     assert metrics["be_finished"] - before["be_finished"] == 6
     assert metrics["ttft_attainment"] is not None and metrics["tpot_attainment_per_token"] is not None
     assert metrics["normalized_latency_s"] > 0 and metrics["be_requests_per_s"] > 0
+
+
+def test_prompts_the_plan_admits_run_while_it_leaves_others_waiting(server: ServerProcess) -> None:
+    """Four RT requests decode 500 tokens each while eight BE prompts of 900 tokens arrive: the
+    4,096-token pool holds two of them beside the RT requests, so every plan admits some waiting
+    prompts and leaves the rest out. SGLang's adder stops at the first waiting request the plan
+    leaves out, so the queue must be in the plan's order: then BE requests finish while the RT
+    ones still decode (out of order, one did and the rest waited for the RT requests to finish).
+    Half of them is the bar: the RT requests take about seven times as long as all eight."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=12) as pool:
+        realtime = [pool.submit(generate, server, tokens(40, 200 + seed), 500, offline=False) for seed in range(4)]
+        deadline = time.monotonic() + 60
+        while plugin_state(server)["bros"]["last_plan"]["realtime"] < 4:
+            assert time.monotonic() < deadline, "the RT requests never ran"
+            time.sleep(0.05)
+        best_effort = [pool.submit(generate, server, tokens(900, 300 + seed), 4, offline=True) for seed in range(8)]
+        finished = [future in best_effort for future in concurrent.futures.as_completed([*realtime, *best_effort])]
+        assert finished.index(False) >= 4, f"BE requests finished before the first RT one: {finished.index(False)}"
+        assert all(len(future.result()["output_ids"]) == 4 for future in best_effort)
+        assert all(len(future.result()["output_ids"]) == 500 for future in realtime)
 
 
 def test_bros_mode_runs_without_the_radix_cache(server: ServerProcess) -> None:

@@ -47,6 +47,7 @@ from sgl_blend.core.bros.packing import MIN_CHUNK, BrosPlan, BrosScheduler, Memo
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 from sgl_blend.core.bros.takeover import plan_takeover
 from sgl_blend.core.colocation import ColocationConfig
+from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.core.latency_model import model_from_dict
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
@@ -128,7 +129,8 @@ class BrosState:
             req.rid: resident_tokens(req) for req in [*running, *held] if best_effort(req) and not req.finished()
         }
         plan = bros.plan(now, MemoryState(free_kv_tokens(scheduler.tree_cache), best_effort_resident=resident))
-        self.admit = {request.rid: position for position, request in enumerate(plan.requests) if request.rid in waiting}
+        admitted = [request.rid for request in plan.requests if request.rid in waiting]
+        self.admit = {rid: rank for rank, rid in enumerate(admitted)}
         self.chunks = {request.rid: request.extend_tokens() for request in plan.best_effort if request.prompt_left()}
         self.last_plan = plan.summary()
         self.plans += 1
@@ -183,9 +185,6 @@ class BrosMode(Mode):
         if running_batch.is_empty() and held.any() and self._stalled(scheduler):
             running_batch = self._resume_one(scheduler, running_batch)
         self._forward_ct = scheduler.forward_ct
-        order = state.admit
-        assert order is not None, "plan_iteration has just set it"
-        scheduler.waiting_queue.sort(key=lambda req: order.get(req.rid, len(order)))
         return running_batch
 
     def _stalled(self, scheduler: Any) -> bool:
@@ -246,6 +245,15 @@ class BrosMode(Mode):
         state = live(self.state)
         state.admit = None
         state.chunks = {}
+
+    @guarded("state", FAILED)
+    def order_offline(self, waiting_queue: list, tree_cache: Any, reusers: ReuserIndex | None) -> None:
+        """The waiting queue in the plan's order, over the offline pool's: SGLang's adder stops at
+        the first request the plan leaves out, so any other order admits only what happens to
+        come first."""
+        order = live(self.state).admit
+        if order is not None:
+            waiting_queue.sort(key=lambda req: order.get(req.rid, len(order)))
 
     @guarded("state", FAILED)
     def may_admit(self, req: Any) -> bool | None:
