@@ -632,6 +632,24 @@ def write_report(report: dict[str, Any], out: Path) -> dict[str, Any]:
     return report
 
 
+def merge(report: dict[str, Any], rerun: dict[str, Any], source: Path) -> None:
+    """A configuration run again (after a fix) replaces its runs and knob search in ``report``, at
+    each load both measured; it is judged against ``report``'s online-only targets, and the report
+    says where its runs came from (``merged``)."""
+    cells = {cell["share"]: cell for cell in report["cells"]}
+    for cell in rerun["cells"]:
+        into = cells.get(cell["share"])
+        if into is None:
+            continue
+        for config, runs in cell["runs"].items():
+            if config == "online-only":
+                continue
+            into["runs"][config] = runs
+            if config in cell["search"]:
+                into["search"][config] = cell["search"][config]
+            report.setdefault("merged", {})[config] = str(source)
+
+
 def publish(report: dict[str, Any], out: Path) -> None:
     out.with_suffix(".md").write_text(markdown(report) + "\n")
     plot(report, out.with_suffix(".png"))
@@ -767,6 +785,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--rejudge", action="store_true", help="judge the report at --out again (its runs as they are), run nothing"
     )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --rejudge: take the configurations this report ran (not its online-only) into --out's first",
+    )
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     args.baselines = [b for b in args.baselines.split(",") if b]
@@ -780,7 +805,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.rejudge:
-        publish(write_report(json.loads(args.out.read_text()), args.out), args.out)
+        report = json.loads(args.out.read_text())
+        for path in args.merge:
+            merge(report, json.loads(path.read_text()), path)
+        publish(write_report(report, args.out), args.out)
         return
     started = time.monotonic()
     setup = build_setup(args)

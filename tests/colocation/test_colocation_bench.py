@@ -162,6 +162,28 @@ def test_both_benches_refuse_deadlines_below_what_online_only_achieves() -> None
                 parse([flag, "0.5"])
 
 
+def test_a_configuration_run_again_replaces_its_runs_but_not_the_targets() -> None:
+    """`--rejudge --merge`: the rerun's BROS runs and search replace the report's at the load both
+    measured; the report's online-only runs (its targets) stay, and a load only the rerun measured
+    is not added."""
+    from pathlib import Path
+
+    from bench import colocation_emulated
+
+    def runs(tokens: float) -> list[dict]:
+        return [{"offline_tokens_per_s": tokens}]
+
+    report = {"cells": [{"share": 0.3, "runs": {"online-only": runs(0), "bros": runs(141), "hygen": runs(3000)},
+                         "search": {"bros": {"value": 1.0}}}]}
+    rerun = {"cells": [{"share": 0.3, "runs": {"online-only": runs(-1), "bros": runs(6000)},
+                        "search": {"bros": {"value": 2.0}}},
+                       {"share": 0.6, "runs": {"bros": runs(5000)}, "search": {}}]}
+    colocation_emulated.merge(report, rerun, Path("rerun.json"))
+    (cell,) = report["cells"]
+    assert cell["runs"] == {"online-only": runs(0), "bros": runs(6000), "hygen": runs(3000)}
+    assert cell["search"]["bros"]["value"] == 2.0 and report["merged"] == {"bros": "rerun.json"}
+
+
 def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_offline_once(
         setup: bench.Setup) -> None:
     arrivals = bench.online_arrivals(setup, "poisson", 1.0, bench.EVAL_SEED)
