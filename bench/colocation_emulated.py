@@ -121,43 +121,42 @@ class OfflineBatch:
         with batch_file.open("rb") as handle:
             self.file_id = self.client.files.create(file=handle, purpose="batch").id
         self.batch_id: str | None = None
-        self.validated_s: float | None = None
 
-    def start(self) -> None:
+    def start(self) -> float:
         """Create the batch and return once it is validated and has answered lines for
-        `OFFLINE_WARMUP_S` (or has answered none in `OFFLINE_START_TIMEOUT_S` after validation).
-        Validating and preparing 10,000 lines (parsing, tokenising, writing the prepared file)
-        keeps the server process busy for tens of seconds on this host; a replay that overlaps
-        it measures the batch's start, not co-location."""
+        `OFFLINE_WARMUP_S` (or has answered none in `OFFLINE_START_TIMEOUT_S` after validation);
+        the seconds validation took. Validating and preparing 10,000 lines (parsing, tokenising,
+        writing the prepared file) keeps the server process busy for tens of seconds on this
+        host; a replay that overlaps it measures the batch's start, not co-location."""
         started = time.monotonic()
         self.batch_id = self.client.batches.create(
             input_file_id=self.file_id, endpoint="/v1/completions", completion_window="24h"
         ).id
-        while self._status() == "validating":
+        while (batch := self._live()).status == "validating":
             if time.monotonic() > started + VALIDATION_TIMEOUT_S:
                 raise RuntimeError(f"offline batch {self.batch_id} still validating after {VALIDATION_TIMEOUT_S:.0f} s")
             time.sleep(BATCH_POLL_S)
-        self.validated_s = time.monotonic() - started
+        validated_s = time.monotonic() - started
         deadline = time.monotonic() + OFFLINE_START_TIMEOUT_S
-        while self.output_tokens() == 0:
+        while output_tokens(batch) == 0:
             if time.monotonic() > deadline:
-                return
-            self._status()
+                return validated_s
             time.sleep(BATCH_POLL_S)
+            batch = self._live()
         time.sleep(OFFLINE_WARMUP_S)
+        return validated_s
 
-    def _status(self) -> str:
-        """The batch's status; one that ended before the replay is an error."""
+    def _live(self) -> Any:
+        """The batch as the API reports it; one that ended before the replay is an error."""
         assert self.batch_id is not None
         batch = self.client.batches.retrieve(self.batch_id)
         if batch.status in ("failed", "expired", "cancelled", "completed"):
             raise RuntimeError(f"offline batch {self.batch_id} ended {batch.status} before answering: {batch.errors}")
-        return batch.status
+        return batch
 
     def output_tokens(self) -> int:
         assert self.batch_id is not None
-        usage = self.client.batches.retrieve(self.batch_id).usage
-        return usage.output_tokens if usage is not None else 0
+        return output_tokens(self.client.batches.retrieve(self.batch_id))
 
     def stop(self) -> int:
         """Cancel the batch; the lines it completed (a run that finished the whole file ran dry)."""
@@ -167,6 +166,11 @@ class OfflineBatch:
             time.sleep(BATCH_POLL_S)
             batch = self.client.batches.retrieve(self.batch_id)
         return batch.request_counts.completed if batch.request_counts else 0
+
+
+def output_tokens(batch: Any) -> int:
+    """A batch's committed output tokens so far."""
+    return batch.usage.output_tokens if batch.usage is not None else 0
 
 
 @contextmanager
@@ -206,7 +210,7 @@ def trial(engine: Engine, offline: OfflineBatch | None, trace: Sequence, *, prio
     url = engine.server.base_url
     try:
         if offline is not None:
-            offline.start()
+            validated_s = offline.start()
             tokens_before = offline.output_tokens()
         clock_before, started = read_clock(url), time.time()
         timings = asyncio.run(replay(url, trace, ONLINE_PRIORITY if priority else None))
@@ -216,7 +220,7 @@ def trial(engine: Engine, offline: OfflineBatch | None, trace: Sequence, *, prio
         if offline is not None:
             run["offline_tokens_per_s"] = (offline.output_tokens() - tokens_before) / window
             run["offline_lines_done"] = offline.stop()
-            run["batch_validated_s"] = None if offline.validated_s is None else round(offline.validated_s, 1)
+            run["batch_validated_s"] = round(validated_s, 1)
     except Exception as error:  # noqa: BLE001 -- a failed replay is a run that missed every SLO, reported
         return {
             "failed": f"{type(error).__name__}: {error}",

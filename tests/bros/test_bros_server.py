@@ -9,7 +9,6 @@ says the scheduler runs the bros mode; a repeated prompt finds nothing cached).
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from typing import Any, Iterator
 
 import pytest
@@ -22,6 +21,7 @@ from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
 from tests.bros.test_bros_launch_and_sim import MODEL
 from tests.colocation.test_colocation_server import generate, plugin_state, tokens
 from tests.conftest import free_port
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.server
 
@@ -71,10 +71,8 @@ def test_prompts_the_plan_admits_run_while_it_leaves_others_waiting(server: Serv
     Half of them is the bar: the RT requests take about seven times as long as all eight."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=12) as pool:
         realtime = [pool.submit(generate, server, tokens(40, 200 + seed), 500, offline=False) for seed in range(4)]
-        deadline = time.monotonic() + 60
-        while plugin_state(server)["bros"]["last_plan"]["realtime"] < 4:
-            assert time.monotonic() < deadline, "the RT requests never ran"
-            time.sleep(0.05)
+        wait_for(lambda: plugin_state(server)["bros"]["last_plan"]["realtime"] >= 4, "the four RT requests to run",
+                 poll_s=0.05)
         best_effort = [pool.submit(generate, server, tokens(900, 300 + seed), 4, offline=True) for seed in range(8)]
         finished = [future in best_effort for future in concurrent.futures.as_completed([*realtime, *best_effort])]
         assert finished.index(False) >= 4, f"BE requests finished before the first RT one: {finished.index(False)}"
