@@ -216,7 +216,12 @@ def trial(engine: Engine, offline: OfflineBatch | None, trace: Sequence, *, prio
         timings = asyncio.run(replay(url, trace, ONLINE_PRIORITY if priority else None))
         window = time.time() - started
         clock_after = read_clock(url)
-        run: dict[str, Any] = {**summarize(timings), "window_s": round(window, 2), "offline_tokens_per_s": 0.0}
+        run: dict[str, Any] = {
+            **summarize(timings),
+            "started_wall": round(started, 1),
+            "window_s": round(window, 2),
+            "offline_tokens_per_s": 0.0,
+        }
         if offline is not None:
             run["offline_tokens_per_s"] = (offline.output_tokens() - tokens_before) / window
             run["offline_lines_done"] = offline.stop()

@@ -7,8 +7,14 @@ mixed chunks for the co-location modes, none for SGLang's priority scheduling).
 Both price a forward with the same `StepTime` (`emulation.pricing`), so where they differ the
 difference is what the simulator leaves out: above all the host. The emulated engine's iterations
 take their launch-to-launch period (`iteration_log`'s ``period_s``), the simulator's their price.
-The report gives, per configuration and load, the emulated figure (mean over its seeds), the
-simulated one and their difference, flagging those over 10%.
+Each configuration is simulated twice: as a GPU server's engine (an iteration lasts its price)
+and with this host (`sim.host`: an iteration lasts its price or a host gap drawn from those the
+emulated run measured for batches of its size, as the pacer runs it). The gaps come from the
+iteration records of the same configuration's evaluation replays (the report's work folder), so
+the second simulation checks everything but the host -- the scheduling, batching and queueing --
+against SGLang's. The report
+gives, per configuration and load, the emulated figure (mean over its seeds), both simulated ones
+and their differences, flagging those over 10%.
 
 Offline throughput is output tokens on both sides: the judge counts the batch's committed output
 tokens (its usage), so the simulator's figure is its offline output tokens alone
@@ -40,13 +46,14 @@ from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.emulation.launch import emulated_launch
-from sgl_blend.forward_time.step_time import NoisyClock
+from sgl_blend.forward_time.step_time import IterationClock, NoisyClock
 from sgl_blend.measure.online_replay import summarize
 from sgl_blend.models.registry import STAND_IN, prepare
 from sgl_blend.sim.bros_colocation import ClockDevice, run_bros
 from sgl_blend.sim.bros_device import H100_H2D_SAMPLES
 from sgl_blend.sim.bros_engine import SimSettings
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, OnlineArrival
+from sgl_blend.sim.host import HostBoundClock, HostGaps, read_records
 from sgl_blend.sim.workload import SimRequest
 from sgl_blend.workloads.paper_lines import paper_requests
 
@@ -77,6 +84,30 @@ def online_arrivals(report: dict[str, Any], rate: float, seed: int, tokenizer: A
     ]
 
 
+def has_offline(record: dict[str, Any]) -> bool:
+    return bool(record["offline_prefill"] or record["offline_decode"])
+
+
+def record_file(config: str, share: float, value: float | None) -> str:
+    """The iteration log of the server ``config``'s evaluation ran on (`colocation_emulated.serving`):
+    online-only's and HyGen's first server, Echo's own, one per load and knob for BROS."""
+    if config == "online-only":
+        return "hygen.records.jsonl"
+    return f"bros-{share:g}-{value:.4g}.records.jsonl" if config == "bros" else f"{config}.records.jsonl"
+
+
+def host_gaps(work: Path, config: str, share: float, value: float | None, runs: list[dict[str, Any]]) -> HostGaps:
+    """The host gaps measured during ``runs``' replays (``started_wall`` for ``window_s``); for a
+    co-location mode, only after iterations that carried offline work, the regime it runs in."""
+    windows = [(run["started_wall"], run["started_wall"] + run["window_s"]) for run in runs]
+
+    def keep(record: dict[str, Any]) -> bool:
+        inside = any(start <= record["wall"] <= end for start, end in windows)
+        return inside and (config == "online-only" or has_offline(record))
+
+    return HostGaps.measure(read_records(work / record_file(config, share, value)), keep)
+
+
 def simulate(
     config: str,
     value: float | None,
@@ -84,9 +115,14 @@ def simulate(
     arrivals: Sequence[OnlineArrival],
     offline: list[SimRequest],
     setup: dict[str, Any],
+    host: HostGaps | None = None,
 ) -> dict[str, Any]:
-    """One configuration at its evaluated knob on one seed's arrivals."""
+    """One configuration at its evaluated knob on one seed's arrivals; with ``host``, iterations
+    wait for the host as the emulated engine's do."""
     sizing = setup["sizing"]
+    clock: IterationClock = NoisyClock(setup["step"], 0.0, 0)
+    if host is not None:
+        clock = HostBoundClock(clock, host)
     horizon = max(arrival.at for arrival in arrivals)
     if config == "bros":
         assert value is not None
@@ -99,7 +135,7 @@ def simulate(
             be_concurrency=sizing.max_running_requests,
             slo=slo,
         )
-        device = ClockDevice(NoisyClock(setup["step"], 0.0, 0), setup["swap"])
+        device = ClockDevice(clock, setup["swap"])
         result = run_bros(
             arrivals, offline, device, IterationCost(setup["bros_model"], setup["swap"]), settings, horizon
         )
@@ -120,12 +156,23 @@ def simulate(
     )
     cost: CostModel = setup["cost"]
     policy = make_offline_policy("psm", cost.model, cost.hardware) if config != "online-only" else None
-    engine = ColocatedEngine(NoisyClock(setup["step"], 0.0, 0), ColocationController(colocation), policy, engine_config)
+    engine = ColocatedEngine(clock, ColocationController(colocation), policy, engine_config)
     result = engine.run(arrivals, offline if policy is not None else [], horizon)
     return {**summarize(result.online), "offline_tokens_per_s": result.offline_output_tokens_per_s()}
 
 
-def compare(report: dict[str, Any]) -> dict[str, Any]:
+def versus(emulated: dict[str, float], sims: list[dict[str, Any]]) -> dict[str, Any]:
+    """The simulated figures (mean over seeds) beside the emulated ones, and where they differ."""
+    simulated = {metric: statistics.fmean(sim[metric] for sim in sims) for metric in COMPARED}
+    difference = {
+        metric: (simulated[metric] - emulated[metric]) / emulated[metric] if emulated[metric] else None
+        for metric in COMPARED
+    }
+    over = [metric for metric, diff in difference.items() if diff is not None and abs(diff) > FLAG]
+    return {"simulated": simulated, "difference": difference, "over_10_percent": over}
+
+
+def compare(report: dict[str, Any], work: Path, configs: set[str] | None = None) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     launch = emulated_launch(DEVICE, MODEL)
@@ -150,6 +197,8 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
         seeds = [FIRST_EVAL_SEED + index for index in range(report["seeds"])]
         arrivals = {seed: online_arrivals(report, cell["rate_per_s"], seed, tokenizer) for seed in seeds}
         for config, runs in cell["runs"].items():
+            if configs is not None and config not in configs:
+                continue
             emulated = {metric: statistics.fmean(run[metric] for run in runs) for metric in COMPARED}
             row: dict[str, Any] = {
                 "share": cell["share"],
@@ -159,20 +208,14 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
                 "host_late_share": statistics.fmean(run.get("host_late_share", 0.0) for run in runs),
             }
             if config in BY_CONCURRENCY:
-                row["simulated"] = None
                 row["why"] = "offline concurrency has no counterpart in the simulator"
             else:
                 value = cell["search"][config]["value"] if config in cell["search"] else None
-                sims = [simulate(config, value, cell, arrivals[seed], offline, setup) for seed in seeds]
-                simulated = {metric: statistics.fmean(sim[metric] for sim in sims) for metric in COMPARED}
-                row["simulated"] = simulated
-                row["difference"] = {
-                    metric: (simulated[metric] - emulated[metric]) / emulated[metric] if emulated[metric] else None
-                    for metric in COMPARED
-                }
-                row["over_10_percent"] = [
-                    metric for metric, diff in row["difference"].items() if diff is not None and abs(diff) > FLAG
-                ]
+                host = host_gaps(work, config, cell["share"], value, runs)
+                row["host_gaps"] = host.summary()
+                for key, with_host in (("gpu_host", None), ("this_host", host)):
+                    sims = [simulate(config, value, cell, arrivals[seed], offline, setup, with_host) for seed in seeds]
+                    row[key] = versus(emulated, sims)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return {"report": report.get("source"), "rows": rows}
@@ -180,21 +223,22 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "| load | config | P99 TTFT ms (emulated / sim) | P99 TBT ms (emulated / sim) | offline tok/s "
-        "(emulated / sim) | host late | over 10% |",
+        "| load | config | P99 TTFT ms (emulated / sim / sim with host) | P99 TBT ms | offline tok/s | host late "
+        "| over 10%, sim with host |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        emulated, simulated = row["emulated"], row["simulated"]
 
-        def pair(metric: str, scale: float, digits: int, emulated: dict = emulated, simulated: Any = simulated) -> str:
-            sim = "-" if simulated is None else f"{simulated[metric] * scale:.{digits}f}"
-            return f"{emulated[metric] * scale:.{digits}f} / {sim}"
+        def triple(metric: str, scale: float, digits: int, row: dict[str, Any] = row) -> str:
+            figures = [row["emulated"][metric]] + [
+                row[key]["simulated"][metric] if key in row else None for key in ("gpu_host", "this_host")
+            ]
+            return " / ".join("-" if figure is None else f"{figure * scale:.{digits}f}" for figure in figures)
 
-        over = row.get("why") or ", ".join(row.get("over_10_percent", [])) or "none"
+        over = row.get("why") or ", ".join(row["this_host"]["over_10_percent"]) or "none"
         lines.append(
-            f"| {row['share']:.0%} | {row['config']} | {pair('ttft_p99', 1000, 0)} | {pair('tbt_p99', 1000, 1)} | "
-            f"{pair('offline_tokens_per_s', 1, 0)} | {row['host_late_share']:.1%} | {over} |"
+            f"| {row['share']:.0%} | {row['config']} | {triple('ttft_p99', 1000, 0)} | {triple('tbt_p99', 1000, 1)} | "
+            f"{triple('offline_tokens_per_s', 1, 0)} | {row['host_late_share']:.1%} | {over} |"
         )
     return "\n".join(lines)
 
@@ -202,10 +246,15 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", type=Path, default=RESULTS / "colocation_emulated.json")
+    parser.add_argument(
+        "--work", type=Path, help="the report's work folder, with its iteration records (default: beside the report)"
+    )
+    parser.add_argument("--configs", help="comma-separated configurations to check (default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS / "colocation_sim_check.json")
     args = parser.parse_args(argv)
     report = {**json.loads(args.report.read_text()), "source": str(args.report)}
-    result = compare(report)
+    work = args.work or args.report.parent / f"{args.report.stem}-work"
+    result = compare(report, work, set(args.configs.split(",")) if args.configs else None)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result) + "\n")
     print(markdown(result))

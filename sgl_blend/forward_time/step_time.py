@@ -13,6 +13,7 @@ batches (`profile`) has a realistic error rather than none.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -43,6 +44,12 @@ class StepTime:
         if shape.is_empty():
             return 0.0
         return self.overlap(*self.sides(shape))
+
+
+class IterationClock(Protocol):
+    """What a simulated engine asks of its clock: how long an iteration of ``shape`` lasts."""
+
+    def measure(self, shape: BatchShape) -> float: ...
 
 
 class NoisyClock:

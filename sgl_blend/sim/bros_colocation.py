@@ -4,7 +4,7 @@ The co-location simulator (`sim.colocation`) and the BROS simulator (`sim.bros_e
 different loops because BROS rebuilds every batch from scratch and owns its KV layout. To judge
 BROS beside HyGen and Echo, this adapter feeds `bros_engine.simulate` exactly what the other
 configurations get -- the same online arrivals, the same offline pool (in its order, each request
-once), the same measured iteration times (`NoisyClock`, with BROS's swap time beside it) -- and
+once), the same measured iteration times (the clock, with BROS's swap time beside it) -- and
 reads the answer the same way: one `RequestTiming` per online arrival, and offline tokens as
 ``(time, tokens)`` events, a request's prompt counted once when its first token appears and each
 output token once (recomputation after a drop counts nothing), so
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from sgl_blend.core.bros.cost import IterationCost, SwapModel
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.request_timing import RequestTiming
-from sgl_blend.forward_time.step_time import NoisyClock
+from sgl_blend.forward_time.step_time import IterationClock
 from sgl_blend.sim.bros_engine import Arrival, BestEffortPool, SimSettings, simulate
 from sgl_blend.sim.colocation import ColocatedResult, OnlineArrival
 from sgl_blend.sim.workload import SimRequest
@@ -34,7 +34,7 @@ class ClockDevice:
     measures for its batch, or the swap, whichever is longer (swaps overlap the forward pass).
     ``busy_s`` adds up every iteration, for the engine's utilisation."""
 
-    clock: NoisyClock
+    clock: IterationClock
     swap: SwapModel
     busy_s: float = 0.0
 

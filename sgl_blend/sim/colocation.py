@@ -5,8 +5,9 @@ what decodes and which online requests wait -- and applies the `ColocationContro
 the same budget calls the plugin makes (`offline_chunk`, `commit_offline_prefill`): online
 decodes and online prefill chunks first, offline decodes the plan parks skip the iteration,
 offline prefill chunks in the offline policy's order fill what the budget, the chunk room and the
-KV leave. The iteration then takes what `NoisyClock` measures for the batch that really ran, and
-the controller's calibration learns from that measurement, as it does from SGLang's forward times.
+KV leave. The iteration then takes what its clock measures for the batch that really ran
+(`NoisyClock`, or `sim.host.HostBoundClock` for a host that falls behind the device), and the
+controller's calibration learns from that measurement, as it does from SGLang's periods.
 
 Configurations are the same loop with different settings, so they differ only where they say:
 
@@ -47,7 +48,7 @@ from sgl_blend.core.echo_plan import CANDIDATE_WINDOW, OfflineCandidate
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
 from sgl_blend.core.request_timing import RequestTiming
-from sgl_blend.forward_time.step_time import NoisyClock
+from sgl_blend.forward_time.step_time import IterationClock
 from sgl_blend.server.window import QUEUE_LOOK_S, colocated_window
 from sgl_blend.sim.feed import runner_window
 from sgl_blend.sim.kv_cache import RadixKVCache
@@ -157,7 +158,7 @@ class _Active:
 class ColocatedEngine:
     def __init__(
         self,
-        clock: NoisyClock,
+        clock: IterationClock,
         controller: ColocationController,
         policy: AdmissionPolicy | None,
         config: ColocatedConfig,

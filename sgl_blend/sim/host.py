@@ -1,0 +1,112 @@
+"""The host in the simulator: the scheduler's time between forwards, measured on an emulated run.
+
+The simulator prices an iteration at its forward alone, which is a GPU server's engine when its
+host keeps up (SGLang overlaps scheduling with the forward). The emulated engine on a small CPU
+host does not keep up once offline work runs: its real-time pacer (`emulation.realtime`) starts a
+forward when the device is free or when the host hands it the batch, whichever is later, so an
+iteration lasts ``max(price, host gap)``. To check the simulator against that engine, and to
+predict what a host like it gives, the simulator can take the same rule with the gaps the
+emulated engine measured.
+
+A gap is read from two consecutive iteration records (`sglang_plugin.iteration_log`): the
+second's launch-to-launch ``period_s`` less the first's ``forward_s`` -- the time between a
+forward's end and the next launch, spent on result processing, streaming and scheduling on the
+host's shared cores. It grows with the requests a batch carries, so gaps are kept by the batch's
+request count, and a simulated iteration draws one measured from batches of its size.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sgl_blend.core.latency_model import BatchShape
+from sgl_blend.forward_time.step_time import IterationClock
+
+# Upper bounds of the request-count classes gaps are kept in (the last class is open).
+REQUEST_CLASSES = (8, 16, 32, 64, 128, 256)
+# A gap longer than this is the engine waiting for work with the pacer not told (an idle spell
+# between records), not host work.
+MAX_GAP_S = 0.5
+
+
+def _requests(record: dict[str, Any]) -> int:
+    return int(record["decode_reqs"]) + int(record["prefill_reqs"])
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """An iteration log's records, in order."""
+    with path.open() as lines:
+        for line in lines:
+            yield json.loads(line)
+
+
+@dataclass(frozen=True)
+class HostGaps:
+    """Measured host gaps (seconds), one sorted tuple per request-count class of
+    `REQUEST_CLASSES`; an empty class borrows the nearest measured one."""
+
+    by_class: tuple[tuple[float, ...], ...]
+
+    @classmethod
+    def measure(
+        cls, records: Iterable[dict[str, Any]], keep: Callable[[dict[str, Any]], bool] = lambda _: True
+    ) -> HostGaps:
+        """Gaps after every kept record that the next record follows without an idle spell."""
+        classes: list[list[float]] = [[] for _ in range(len(REQUEST_CLASSES) + 1)]
+        previous: dict[str, Any] | None = None
+        for record in records:
+            if previous is not None and "period_s" in record and keep(previous):
+                gap = record["period_s"] - previous["forward_s"]
+                if 0 <= gap <= MAX_GAP_S:
+                    classes[cls.class_of(_requests(previous))].append(gap)
+            previous = record
+        if not any(classes):
+            raise ValueError("no host gaps in these records: no two consecutive kept iterations")
+        return cls(tuple(tuple(sorted(gaps)) for gaps in classes))
+
+    @staticmethod
+    def class_of(requests: int) -> int:
+        return bisect.bisect_left(REQUEST_CLASSES, requests)
+
+    def gaps_for(self, requests: int) -> tuple[float, ...]:
+        """The measured gaps of batches of ``requests``' class, or of the nearest measured class."""
+        wanted = self.class_of(requests)
+        measured = [index for index, gaps in enumerate(self.by_class) if gaps]
+        return self.by_class[min(measured, key=lambda index: (abs(index - wanted), index))]
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per class: its bound, how many gaps, their median and P90 in ms (for a report)."""
+        rows = []
+        for index, gaps in enumerate(self.by_class):
+            if gaps:
+                bound = REQUEST_CLASSES[index] if index < len(REQUEST_CLASSES) else None
+                rows.append(
+                    {
+                        "requests_below": bound,
+                        "count": len(gaps),
+                        "median_ms": round(float(np.median(gaps)) * 1000, 2),
+                        "p90_ms": round(float(np.percentile(gaps, 90)) * 1000, 2),
+                    }
+                )
+        return rows
+
+
+class HostBoundClock:
+    """A clock whose iteration lasts its forward or a host gap drawn for its batch size, whichever
+    is longer: the emulated pacer's rule with this host's measured gaps."""
+
+    def __init__(self, clock: IterationClock, host: HostGaps, seed: int = 0) -> None:
+        self.clock = clock
+        self.host = host
+        self._rng = np.random.default_rng(seed)
+
+    def measure(self, shape: BatchShape) -> float:
+        gaps = self.host.gaps_for(shape.decode_reqs + shape.prefill_reqs)
+        return max(self.clock.measure(shape), gaps[int(self._rng.integers(len(gaps)))])
