@@ -20,7 +20,10 @@ Every configuration gets the same emulated sizing (KV pool, chunked prefill, run
 - **Knobs** are searched (`core.slo_search`, log bisection) on tuning seeds, never the evaluation
   ones: HyGen's latency budget and Echo's SLO scale k move on the live server; BROS's k, HyGen*'s
   and the priority baseline's offline concurrency (``--batch-max-inflight``) each need a fresh
-  server per value tried.
+  server per value tried. A mode's knob is searched in the simulator first (``--sim-first``,
+  `colocation_sim_check.Simulator`: the same trace, batch, limits and latency models, a GPU
+  server's host); the engine checks the simulator's choice and searches on above it if it met the
+  SLO, below it if not. The baselines' knob, offline concurrency, has no simulated counterpart.
 
 Configurations: online-only; hygen (HyGen mode, PSM order, budget searched); hygen-star (the
 HyGen-mode engine with no budget, offline concurrency searched); echo; bros; and
@@ -54,7 +57,7 @@ from bench.shipped_path import HARDWARE
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.latency_model import FitReport
-from sgl_blend.core.slo_search import SLO, search_budget, steps_for
+from sgl_blend.core.slo_search import SLO, search_budget, steps_for, violations
 from sgl_blend.emulation.clock_reader import read_clock
 from sgl_blend.emulation.devices import resolve_device
 from sgl_blend.emulation.launch import emulated_launch
@@ -111,6 +114,7 @@ class Setup:
     prompts: list[tuple[str, int]]
     batch_file: Path
     header: dict[str, Any] = field(default_factory=dict)
+    simulator: Any = None  # `colocation_sim_check.Simulator`, with --sim-first
 
 
 class OfflineBatch:
@@ -241,10 +245,14 @@ def trial(engine: Engine, offline: OfflineBatch | None, trace: Sequence, *, prio
 
 def progress(label: str, run: dict[str, Any]) -> dict[str, Any]:
     """One line per replay on stdout: a long run shows where it is."""
+    device = (
+        f", device busy {run['device_busy']:.0%}, host late {run['host_late_share']:.0%}"
+        if "device_busy" in run
+        else ""
+    )
     print(
         f"{time.strftime('%H:%M:%S')} {label}: {run.get('failed') or ''}P99 TTFT {run['ttft_p99'] * 1000:.0f} ms, "
-        f"P99 TBT {run['tbt_p99'] * 1000:.1f} ms, offline {run['offline_tokens_per_s']:.0f} tok/s, device busy "
-        f"{run.get('device_busy', 0):.0%}, host late {run.get('host_late_share', 0):.0%}",
+        f"P99 TBT {run['tbt_p99'] * 1000:.1f} ms, offline {run['offline_tokens_per_s']:.0f} tok/s{device}",
         flush=True,
     )
     return run
@@ -264,16 +272,26 @@ def search(
     low: float,
     high: float,
     resolution: float,
+    start: float | None = None,
 ) -> dict[str, Any]:
-    """The core SLO search of one knob against absolute targets; every trial kept."""
+    """The core SLO search of one knob against absolute targets; every trial kept. With ``start``
+    (the simulator's choice), the engine checks that value first, and the search goes on above it
+    if it meets the SLO and below it if not; no value runs twice."""
     trials: list[dict[str, Any]] = []
+    runs: dict[float, dict[str, Any]] = {}
 
     def record(value: float) -> dict[str, Any]:
-        run = progress(f"{label} at {value:.4g}", evaluate(value))
-        trials.append({"value": value, **run})
-        return run
+        if value not in runs:
+            runs[value] = progress(f"{label} at {value:.4g}", evaluate(value))
+            trials.append({"value": value, **runs[value]})
+        return runs[value]
 
     slos = [SLO(metric, target) for metric, target in targets.items()]
+    if start is not None:
+        missed = violations(record(start), slos, tolerance)
+        low, high = (low, start) if missed else (start, high)
+        if low >= high:  # the simulator chose an end of the range: nothing left to search
+            return {"value": start, "met": not missed, "binding": missed, "trials": trials}
     outcome = search_budget(record, slos, tolerance, low, high, steps_for(low, high, resolution))
     return {
         "value": outcome.budget_s if outcome.budget_s is not None else low,
@@ -355,16 +373,22 @@ def search_and_evaluate(
     """Each load: the knob searched on the tuning seed, then every evaluation seed at the value found."""
     for load, cell in zip(loads, cells):
         assert load.targets is not None and load.tolerance is not None
+        label = f"{name} {load.share:g} tuning"
+        simulated = None
+        if setup.simulator is not None and name in MODES:
+            arrivals = setup.simulator.arrivals(load.tune)
+            simulated = setup.simulator.tune(name, label, load.targets, load.tolerance, arrivals)
         found = search(
-            f"{name} {load.share:g} tuning",
+            label,
             lambda value, load=load: tune(value, load),
             load.targets,
             load.tolerance,
             low,
             high,
             setup.args.resolution,
+            start=simulated["value"] if simulated else None,
         )
-        cell["search"][name] = found
+        cell["search"][name] = found if simulated is None else {**found, "simulator": simulated}
         runs = evaluate(found["value"], load)
         cell["runs"][name] = [
             progress(f"{name} {load.share:g} seed {seed}", run) for seed, run in enumerate(runs, start=FIRST_EVAL_SEED)
@@ -758,8 +782,20 @@ def build_setup(args: argparse.Namespace) -> Setup:
         "latency_fit": {form: f["holdout_mape"] for form, f in fit.to_dict()["forms"].items()},
         "capacity_slo_s": {"ttft_p99": args.capacity_ttft, "tbt_p99": args.capacity_tbt},
     }
+    simulator = None
+    if args.sim_first:
+        from bench.colocation_sim_check import Simulator  # imported here: that module builds on this one
+
+        simulator = Simulator.of(args)
     return Setup(
-        args, work, fit.models[fit.best_form()].to_dict(), fit.models["bros"].to_dict(), prompts, batch_file, header
+        args,
+        work,
+        fit.models[fit.best_form()].to_dict(),
+        fit.models["bros"].to_dict(),
+        prompts,
+        batch_file,
+        header,
+        simulator,
     )
 
 
@@ -786,6 +822,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--load-resolution", type=float, default=1.2, help="the capacity bisection stops at this high/low ratio"
     )
     parser.add_argument("--resolution", type=float, default=2.0, help="every knob search stops at this high/low ratio")
+    parser.add_argument(
+        "--sim-first",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="search each mode's knob in the simulator first; the engine checks its choice, then searches on",
+    )
     parser.add_argument("--low-budget-ms", type=float, default=8.0)
     parser.add_argument("--high-budget-ms", type=float, default=64.0)
     add_deadline_scale_arguments(parser, high=4.0)

@@ -12,13 +12,15 @@ and with this host (`sim.host`: an iteration lasts its price or a host gap drawn
 emulated run measured for batches of its size, as the pacer runs it). The gaps come from the
 iteration records of the same configuration's evaluation replays (the report's work folder), so
 the second simulation checks everything but the host -- the scheduling, batching and queueing --
-against SGLang's. The report
-gives, per configuration and load, the emulated figure (mean over its seeds), both simulated ones
-and their differences, flagging those over 10%.
+against SGLang's. The report gives, per configuration and load, the emulated figure (mean over
+its seeds), both simulated ones and their differences, flagging those over 10%.
 
 Offline throughput is output tokens on both sides: the judge counts the batch's committed output
 tokens (its usage), so the simulator's figure is its offline output tokens alone
 (`ColocatedResult.offline_output_tokens_per_s`), not prompts and outputs.
+
+Each mode's knob search is also run in the simulator on the tuning trace, with and without the
+host, beside the knob the emulated search chose: what ``--sim-first`` in the judge starts from.
 
 The priority baseline's and HyGen*'s knob on the emulated engine is the Batch API's offline
 concurrency (``--batch-max-inflight``), which the simulator has no counterpart for (it releases
@@ -38,16 +40,28 @@ from pathlib import Path
 from typing import Any
 
 from bench.colocation import online_trace, sharegpt_prompts
-from bench.colocation_emulated import BASELINE, DEVICE, FIRST_EVAL_SEED, MODEL, latency_fit, parse_args, slo_scaled
+from bench.colocation_emulated import (
+    BASELINE,
+    DEVICE,
+    FIRST_EVAL_SEED,
+    MODEL,
+    TUNE_SEED,
+    latency_fit,
+    parse_args,
+    search,
+    slo_scaled,
+)
 from bench.shipped_path import HARDWARE
 from sgl_blend.core.bros.cost import IterationCost, SwapModel
 from sgl_blend.core.bros.requests import SLO as RealtimeSLO
 from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
+from sgl_blend.core.latency_model import LatencyModel
 from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.emulation.launch import emulated_launch
-from sgl_blend.forward_time.step_time import IterationClock, NoisyClock
-from sgl_blend.measure.online_replay import summarize
+from sgl_blend.emulation.memory import EngineSizing
+from sgl_blend.forward_time.step_time import IterationClock, NoisyClock, StepTime
+from sgl_blend.measure.online_replay import OnlineRequest, summarize
 from sgl_blend.models.registry import STAND_IN, prepare
 from sgl_blend.sim.bros_colocation import ClockDevice, run_bros
 from sgl_blend.sim.bros_device import H100_H2D_SAMPLES
@@ -64,16 +78,9 @@ FLAG = 0.10
 BY_CONCURRENCY = (BASELINE, "hygen-star")
 
 
-def online_arrivals(report: dict[str, Any], rate: float, seed: int, tokenizer: Any) -> list[OnlineArrival]:
-    """The emulated bench's trace for ``rate`` and ``seed``, as the simulator's requests."""
-    prompts = sharegpt_prompts(
-        report.get("prompts", 2000),
-        report.get("seed", 0),
-        max_chars=report.get("max_prompt_chars", 4000),
-        max_tokens_cap=report["max_output"],
-    )
-    duration = report["requests"] / rate
-    trace = online_trace("poisson", rate, duration, duration, prompts, seed)
+def as_arrivals(trace: Sequence[OnlineRequest], tokenizer: Any) -> list[OnlineArrival]:
+    """An emulated replay's trace as the simulator's requests, prompts tokenised by the served
+    tokenizer."""
     lengths = tokenizer([request.prompt for request in trace])["input_ids"]
     return [
         OnlineArrival(
@@ -82,6 +89,21 @@ def online_arrivals(report: dict[str, Any], rate: float, seed: int, tokenizer: A
         )
         for index, (request, ids) in enumerate(zip(trace, lengths))
     ]
+
+
+def online_arrivals(
+    report: dict[str, Any], rate: float, seed: int, tokenizer: Any, requests: int | None = None
+) -> list[OnlineArrival]:
+    """The emulated bench's trace for ``rate`` and ``seed`` (``requests`` long, the evaluation
+    traces' length by default), as the simulator's requests."""
+    prompts = sharegpt_prompts(
+        report.get("prompts", 2000),
+        report.get("seed", 0),
+        max_chars=report.get("max_prompt_chars", 4000),
+        max_tokens_cap=report["max_output"],
+    )
+    duration = (requests or report["requests"]) / rate
+    return as_arrivals(online_trace("poisson", rate, duration, duration, prompts, seed), tokenizer)
 
 
 def has_offline(record: dict[str, Any]) -> bool:
@@ -108,57 +130,118 @@ def host_gaps(work: Path, config: str, share: float, value: float | None, runs: 
     return HostGaps.measure(read_records(work / record_file(config, share, value)), keep)
 
 
-def simulate(
-    config: str,
-    value: float | None,
-    cell: dict[str, Any],
-    arrivals: Sequence[OnlineArrival],
-    offline: list[SimRequest],
-    setup: dict[str, Any],
-    host: HostGaps | None = None,
-) -> dict[str, Any]:
-    """One configuration at its evaluated knob on one seed's arrivals; with ``host``, iterations
-    wait for the host as the emulated engine's do."""
-    sizing = setup["sizing"]
-    clock: IterationClock = NoisyClock(setup["step"], 0.0, 0)
-    if host is not None:
-        clock = HostBoundClock(clock, host)
-    horizon = max(arrival.at for arrival in arrivals)
-    if config == "bros":
-        assert value is not None
-        scaled = slo_scaled(value, cell["targets_s"])
-        slo = RealtimeSLO(scaled["ttft_slo_s"], scaled["tpot_slo_s"], scaled["idle_budget_s"])
-        settings = SimSettings(
-            kv_tokens=sizing.max_total_tokens,
+@dataclasses.dataclass(frozen=True)
+class Simulator:
+    """The judge's engine in the simulator: the emulated device's price, the latency models the
+    modes plan with, the emulated engine's limits and the judge's offline batch, each line asking
+    for exactly its output (`paper_lines`: ``max_tokens``, ``ignore_eos``)."""
+
+    step: StepTime
+    latency_model: dict[str, Any]
+    bros_model: LatencyModel
+    swap: SwapModel
+    sizing: EngineSizing
+    cost: CostModel
+    offline: list[SimRequest]
+    tokenizer: Any
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Simulator:
+        """For the judge's arguments (`colocation_emulated.parse_args`)."""
+        from transformers import AutoTokenizer
+
+        pricer, fit = latency_fit(args)
+        sizing = emulated_launch(DEVICE, MODEL).sizing
+        assert sizing is not None, "the emulated device has a sizing"
+        cost = CostModel(model_spec(MODEL), HardwareSpec.resolve(HARDWARE))
+        offline = [
+            dataclasses.replace(request, max_new_tokens=request.output_len, exact=True)
+            for request in paper_requests(args.offline_trace, args.offline_lines, cost, args.seed)
+        ]
+        return cls(
+            pricer.step,
+            fit.models[fit.best_form()].to_dict(),
+            fit.models["bros"],
+            SwapModel.fit(H100_H2D_SAMPLES, cost.model.kv_bytes_per_token),
+            sizing,
+            cost,
+            offline,
+            AutoTokenizer.from_pretrained(str(prepare(STAND_IN)[0])),
+        )
+
+    def arrivals(self, trace: Sequence[OnlineRequest]) -> list[OnlineArrival]:
+        return as_arrivals(trace, self.tokenizer)
+
+    def run(
+        self,
+        config: str,
+        value: float | None,
+        targets: dict[str, float],
+        arrivals: Sequence[OnlineArrival],
+        host: HostGaps | None = None,
+    ) -> dict[str, Any]:
+        """One configuration at knob ``value`` on ``arrivals`` (``targets``: the load's, which
+        Echo's and BROS's k scale); with ``host``, iterations wait for the host as the emulated
+        engine's do."""
+        sizing = self.sizing
+        clock: IterationClock = NoisyClock(self.step, 0.0, 0)
+        if host is not None:
+            clock = HostBoundClock(clock, host)
+        horizon = max(arrival.at for arrival in arrivals)
+        if config == "bros":
+            assert value is not None
+            scaled = slo_scaled(value, targets)
+            slo = RealtimeSLO(scaled["ttft_slo_s"], scaled["tpot_slo_s"], scaled["idle_budget_s"])
+            settings = SimSettings(
+                kv_tokens=sizing.max_total_tokens,
+                max_running=sizing.max_running_requests,
+                prefill_token_budget=sizing.chunked_prefill_size,
+                be_concurrency=sizing.max_running_requests,
+                slo=slo,
+            )
+            cost = IterationCost(self.bros_model, self.swap)
+            result = run_bros(arrivals, self.offline, ClockDevice(clock, self.swap), cost, settings, horizon)
+            return {**summarize(result.online), "offline_tokens_per_s": result.offline_output_tokens_per_s()}
+        if config == "echo":
+            assert value is not None
+            colocation = ColocationConfig(mode="echo", latency_model=self.latency_model, **slo_scaled(value, targets))
+        else:
+            budget = value if config == "hygen" else None
+            colocation = ColocationConfig(mode="hygen", latency_model=self.latency_model, latency_budget_s=budget)
+        engine_config = ColocatedConfig(
+            sizing.max_total_tokens,
+            chunk_tokens=sizing.chunked_prefill_size,
             max_running=sizing.max_running_requests,
-            prefill_token_budget=sizing.chunked_prefill_size,
-            be_concurrency=sizing.max_running_requests,
-            slo=slo,
+            batch_window=True,
         )
-        device = ClockDevice(clock, setup["swap"])
-        result = run_bros(
-            arrivals, offline, device, IterationCost(setup["bros_model"], setup["swap"]), settings, horizon
-        )
+        policy = make_offline_policy("psm", self.cost.model, self.cost.hardware) if config != "online-only" else None
+        engine = ColocatedEngine(clock, ColocationController(colocation), policy, engine_config)
+        result = engine.run(arrivals, self.offline if policy is not None else [], horizon)
         return {**summarize(result.online), "offline_tokens_per_s": result.offline_output_tokens_per_s()}
-    latency_model = setup["latency_model"]
-    if config == "echo":
-        assert value is not None
-        colocation = ColocationConfig(mode="echo", latency_model=latency_model, **slo_scaled(value, cell["targets_s"]))
-    else:
-        colocation = ColocationConfig(
-            mode="hygen", latency_model=latency_model, latency_budget_s=value if config == "hygen" else None
+
+    def tune(
+        self,
+        config: str,
+        label: str,
+        targets: dict[str, float],
+        tolerance: float,
+        arrivals: Sequence[OnlineArrival],
+        host: HostGaps | None = None,
+    ) -> dict[str, Any]:
+        """The judge's knob search for ``config`` (its default range and resolution) run in the
+        simulator on ``arrivals``, against ``targets`` within ``tolerance``: the knob the
+        simulator chooses."""
+        low, high = knob_range(config)
+        found = search(
+            f"sim {label}",
+            lambda value: self.run(config, value, targets, arrivals, host),
+            targets,
+            tolerance,
+            low,
+            high,
+            parse_args([]).resolution,
         )
-    engine_config = ColocatedConfig(
-        sizing.max_total_tokens,
-        chunk_tokens=sizing.chunked_prefill_size,
-        max_running=sizing.max_running_requests,
-        batch_window=True,
-    )
-    cost: CostModel = setup["cost"]
-    policy = make_offline_policy("psm", cost.model, cost.hardware) if config != "online-only" else None
-    engine = ColocatedEngine(clock, ColocationController(colocation), policy, engine_config)
-    result = engine.run(arrivals, offline if policy is not None else [], horizon)
-    return {**summarize(result.online), "offline_tokens_per_s": result.offline_output_tokens_per_s()}
+        return {"value": found["value"], "met": found["met"], "tried": [trial["value"] for trial in found["trials"]]}
 
 
 def versus(emulated: dict[str, float], sims: list[dict[str, Any]]) -> dict[str, Any]:
@@ -172,50 +255,64 @@ def versus(emulated: dict[str, float], sims: list[dict[str, Any]]) -> dict[str, 
     return {"simulated": simulated, "difference": difference, "over_10_percent": over}
 
 
-def compare(report: dict[str, Any], work: Path, configs: set[str] | None = None) -> dict[str, Any]:
-    from transformers import AutoTokenizer
+def knob_range(config: str) -> tuple[float, float]:
+    """The judge's search range for ``config``'s knob (its defaults, which the report ran with)."""
+    args = parse_args([])
+    if config == "hygen":
+        return args.low_budget_ms / 1000, args.high_budget_ms / 1000
+    return (args.low_echo_scale if config == "echo" else args.low_bros_scale), args.high_scale
 
-    launch = emulated_launch(DEVICE, MODEL)
-    pricer, fit = latency_fit(parse_args(["--seed", str(report.get("seed", 0))]))
-    cost = CostModel(model_spec(MODEL), HardwareSpec.resolve(HARDWARE))
-    setup = {
-        "latency_model": fit.models[fit.best_form()].to_dict(),
-        "bros_model": fit.models["bros"],
-        "swap": SwapModel.fit(H100_H2D_SAMPLES, cost.model.kv_bytes_per_token),
-        "sizing": launch.sizing,
-        "cost": cost,
-        "step": pricer.step,
-    }
-    tokenizer = AutoTokenizer.from_pretrained(str(prepare(STAND_IN)[0]))
-    # The batch's lines ask for exactly their output (`paper_lines`: ``max_tokens``, ``ignore_eos``).
-    offline = [
-        dataclasses.replace(request, max_new_tokens=request.output_len, exact=True)
-        for request in paper_requests(report["offline_trace"], report["offline_lines"], cost, report.get("seed", 0))
-    ]
+
+def compare(report: dict[str, Any], work: Path, configs: set[str] | None = None) -> dict[str, Any]:
+    simulator = Simulator.of(
+        parse_args(
+            [
+                "--seed",
+                str(report.get("seed", 0)),
+                "--offline-trace",
+                report["offline_trace"],
+                "--offline-lines",
+                str(report["offline_lines"]),
+            ]
+        )
+    )
     rows = []
     for cell in report["cells"]:
         seeds = [FIRST_EVAL_SEED + index for index in range(report["seeds"])]
-        arrivals = {seed: online_arrivals(report, cell["rate_per_s"], seed, tokenizer) for seed in seeds}
+        rate, targets = cell["rate_per_s"], cell["targets_s"]
+        arrivals = {seed: online_arrivals(report, rate, seed, simulator.tokenizer) for seed in seeds}
+        tuning = online_arrivals(report, rate, TUNE_SEED, simulator.tokenizer, report["tune_requests"])
         for config, runs in cell["runs"].items():
             if configs is not None and config not in configs:
                 continue
             emulated = {metric: statistics.fmean(run[metric] for run in runs) for metric in COMPARED}
             row: dict[str, Any] = {
                 "share": cell["share"],
-                "rate_per_s": cell["rate_per_s"],
+                "rate_per_s": rate,
                 "config": config,
                 "emulated": emulated,
                 "host_late_share": statistics.fmean(run.get("host_late_share", 0.0) for run in runs),
             }
             if config in BY_CONCURRENCY:
                 row["why"] = "offline concurrency has no counterpart in the simulator"
-            else:
-                value = cell["search"][config]["value"] if config in cell["search"] else None
-                host = host_gaps(work, config, cell["share"], value, runs)
-                row["host_gaps"] = host.summary()
-                for key, with_host in (("gpu_host", None), ("this_host", host)):
-                    sims = [simulate(config, value, cell, arrivals[seed], offline, setup, with_host) for seed in seeds]
-                    row[key] = versus(emulated, sims)
+                rows.append(row)
+                continue
+            searched = cell["search"].get(config)
+            value = searched["value"] if searched else None
+            host = host_gaps(work, config, cell["share"], value, runs)
+            row["host_gaps"] = host.summary()
+            for key, with_host in (("gpu_host", None), ("this_host", host)):
+                sims = [simulator.run(config, value, targets, arrivals[seed], with_host) for seed in seeds]
+                row[key] = versus(emulated, sims)
+                if searched:
+                    label = f"{config} {cell['share']:g} tuning{' with host' if with_host else ''}"
+                    row[key]["tuned"] = simulator.tune(config, label, targets, cell["tolerance"], tuning, with_host)
+            if searched:
+                row["tuned"] = {
+                    "value": searched["value"],
+                    "met": searched["met"],
+                    "tried": [trial["value"] for trial in searched["trials"]],
+                }
             rows.append(row)
             print(json.dumps(row), flush=True)
     return {"report": report.get("source"), "rows": rows}
@@ -239,6 +336,23 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {row['share']:.0%} | {row['config']} | {triple('ttft_p99', 1000, 0)} | {triple('tbt_p99', 1000, 1)} | "
             f"{triple('offline_tokens_per_s', 1, 0)} | {row['host_late_share']:.1%} | {over} |"
+        )
+    lines += [
+        "",
+        "| load | config | knob chosen on the tuning seed (emulated / sim / sim with host) | tried |",
+        "|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        if "tuned" not in row:
+            continue
+        tunings = [row["tuned"], row["gpu_host"]["tuned"], row["this_host"]["tuned"]]
+
+        def chosen(tuned: dict[str, Any]) -> str:
+            return f"{tuned['value']:.4g}{'' if tuned['met'] else ' (not met)'}"
+
+        tried = " / ".join(", ".join(f"{value:.4g}" for value in tuned["tried"]) for tuned in tunings)
+        lines.append(
+            f"| {row['share']:.0%} | {row['config']} | {' / '.join(chosen(tuned) for tuned in tunings)} | {tried} |"
         )
     return "\n".join(lines)
 

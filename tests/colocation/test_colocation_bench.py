@@ -233,3 +233,23 @@ def test_the_cpu_bench_waits_for_the_previous_trials_batches_to_stop(tmp_path) -
     assert engine.wait_idle(0.2, 5.0) >= 0.1  # the last batch ended just now: it waits for the quiet time
     records.write_text(json.dumps({"forward_s": 0.1, "wall": time.time() - 10}) + "\n")
     assert engine.wait_idle(1.0, 5.0) < 0.5
+
+
+def test_the_judges_simulator_tunes_a_mode_against_the_loads_targets() -> None:
+    """The emulated judge's first step (``--sim-first``): its engine in the simulator searches
+    HyGen's budget on a tuning trace. A generous target is met at the top of the range; one no
+    run can meet leaves the floor, not met."""
+    from bench import colocation_emulated
+    from bench.colocation import online_trace, sharegpt_prompts
+    from bench.colocation_sim_check import Simulator
+
+    simulator = Simulator.of(colocation_emulated.parse_args(["--offline-lines", "300"]))
+    prompts = sharegpt_prompts(200, 0, max_chars=4000, max_tokens_cap=256)
+    arrivals = simulator.arrivals(online_trace("poisson", 12.0, 5.0, 5.0, prompts, 200))
+
+    generous = simulator.tune("hygen", "generous", {"ttft_p99": 10.0, "tbt_p99": 10.0}, 0.0, arrivals)
+    unreachable = simulator.tune("hygen", "unreachable", {"ttft_p99": 1e-6, "tbt_p99": 1e-6}, 0.0, arrivals)
+
+    assert (generous["value"], generous["met"]) == (0.064, True)
+    assert (unreachable["value"], unreachable["met"]) == (0.008, False)
+    assert unreachable["tried"] == [0.064, 0.008]

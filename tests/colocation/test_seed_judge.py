@@ -92,3 +92,44 @@ def test_bros_is_held_to_the_best_priority_run_that_attains_the_absolute_slo() -
     missing = {**attaining, "runs": {**attaining["runs"], "bros": [run(450, 90, 9000), run(390, 120, 9000),
                                                                  run(380, 99, 9000)]}}
     assert not bench.bros_goal([{**missing, "share": 0.3}], absolute)["met"]
+
+
+def fake_engine(threshold: float, evaluated: list[float]):
+    """A knob whose P99s equal its value: it meets targets of ``threshold`` exactly up to it."""
+
+    def evaluate(value: float) -> dict[str, float]:
+        evaluated.append(value)
+        return {"ttft_p99": value, "tbt_p99": value, "offline_tokens_per_s": 1000 * value}
+
+    return evaluate
+
+
+TARGETS = {"ttft_p99": 0.02, "tbt_p99": 0.02}
+
+
+@pytest.mark.parametrize("start", [0.016, 0.032])
+def test_the_engine_checks_the_simulators_choice_first_and_searches_on_one_side(start: float) -> None:
+    evaluated: list[float] = []
+
+    found = bench.search("knob", fake_engine(0.02, evaluated), TARGETS, 0.0, 0.008, 0.064, 1.2, start=start)
+
+    assert evaluated[0] == start
+    assert len(evaluated) == len(set(evaluated)), "no value runs twice"
+    if start <= 0.02:  # met: the search goes on above it
+        assert min(evaluated) == start
+    else:  # missed: below it
+        assert max(evaluated) == start
+    assert found["met"] and 0.02 / 1.2 <= found["value"] <= 0.02
+    assert [trial["value"] for trial in found["trials"]] == evaluated
+
+
+def test_a_simulators_choice_at_an_end_of_the_range_ends_the_search() -> None:
+    evaluated: list[float] = []
+
+    floor = bench.search("knob", fake_engine(0.02, evaluated), {"ttft_p99": 0.001}, 0.0, 0.008, 0.064, 1.2, start=0.008)
+    top = bench.search("knob", fake_engine(0.02, evaluated), {"ttft_p99": 1.0, "tbt_p99": 1.0}, 0.0,
+                       0.008, 0.064, 1.2, start=0.064)
+
+    assert evaluated == [0.008, 0.064]
+    assert (floor["value"], floor["met"], floor["binding"]) == (0.008, False, ["ttft_p99"])
+    assert (top["value"], top["met"]) == (0.064, True)
