@@ -31,9 +31,6 @@ from sgl_blend.forward_time.step_time import IterationClock
 
 # Upper bounds of the request-count classes gaps are kept in (the last class is open).
 REQUEST_CLASSES = (8, 16, 32, 64, 128, 256)
-# A gap longer than this is the engine waiting for work with the pacer not told (an idle spell
-# between records), not host work.
-MAX_GAP_S = 0.5
 
 
 def _requests(record: dict[str, Any]) -> int:
@@ -58,14 +55,15 @@ class HostGaps:
     def measure(
         cls, records: Iterable[dict[str, Any]], keep: Callable[[dict[str, Any]], bool] = lambda _: True
     ) -> HostGaps:
-        """Gaps after every kept record that the next record follows without an idle spell."""
+        """Gaps after every kept record that the next record follows without an idle spell (after
+        one, the recorder starts no period). A period a little under the rounded forward is a gap
+        of 0."""
         classes: list[list[float]] = [[] for _ in range(len(REQUEST_CLASSES) + 1)]
         previous: dict[str, Any] | None = None
         for record in records:
             if previous is not None and "period_s" in record and keep(previous):
-                gap = record["period_s"] - previous["forward_s"]
-                if 0 <= gap <= MAX_GAP_S:
-                    classes[cls.class_of(_requests(previous))].append(gap)
+                gap = max(0.0, record["period_s"] - previous["forward_s"])
+                classes[cls.class_of(_requests(previous))].append(gap)
             previous = record
         if not any(classes):
             raise ValueError("no host gaps in these records: no two consecutive kept iterations")
