@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 
@@ -72,6 +72,9 @@ from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
 from sgl_blend.workloads.batch_files import write_jsonl
 from sgl_blend.workloads.paper_lines import paper_lines
+
+if TYPE_CHECKING:
+    from bench.colocation_sim_check import Simulator
 
 RESULTS = Path(__file__).parent / "results"
 DEVICE, MODEL = "h100", "llama-3.1-8b"
@@ -114,7 +117,7 @@ class Setup:
     prompts: list[tuple[str, int]]
     batch_file: Path
     header: dict[str, Any] = field(default_factory=dict)
-    simulator: Any = None  # `colocation_sim_check.Simulator`, with --sim-first
+    simulator: Simulator | None = None  # with --sim-first
 
 
 class OfflineBatch:
@@ -277,13 +280,11 @@ def search(
     """The core SLO search of one knob against absolute targets; every trial kept. With ``start``
     (the simulator's choice), the engine checks that value first, and the search goes on above it
     if it meets the SLO and below it if not; no value runs twice."""
-    trials: list[dict[str, Any]] = []
-    runs: dict[float, dict[str, Any]] = {}
+    runs: dict[float, dict[str, Any]] = {}  # in the order they ran
 
     def record(value: float) -> dict[str, Any]:
         if value not in runs:
             runs[value] = progress(f"{label} at {value:.4g}", evaluate(value))
-            trials.append({"value": value, **runs[value]})
         return runs[value]
 
     slos = [SLO(metric, target) for metric, target in targets.items()]
@@ -291,14 +292,18 @@ def search(
         missed = violations(record(start), slos, tolerance)
         low, high = (low, start) if missed else (start, high)
         if low >= high:  # the simulator chose an end of the range: nothing left to search
-            return {"value": start, "met": not missed, "binding": missed, "trials": trials}
+            return {"value": start, "met": not missed, "binding": missed, "trials": trials_of(runs)}
     outcome = search_budget(record, slos, tolerance, low, high, steps_for(low, high, resolution))
     return {
         "value": outcome.budget_s if outcome.budget_s is not None else low,
         "met": outcome.budget_s is not None,
         "binding": outcome.binding,
-        "trials": trials,
+        "trials": trials_of(runs),
     }
+
+
+def trials_of(runs: dict[float, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"value": value, **run} for value, run in runs.items()]
 
 
 # The configurations
@@ -786,7 +791,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
     if args.sim_first:
         from bench.colocation_sim_check import Simulator  # imported here: that module builds on this one
 
-        simulator = Simulator.of(args)
+        simulator = Simulator.of(args, pricer, fit)
     return Setup(
         args,
         work,

@@ -56,18 +56,20 @@ from sgl_blend.core.bros.cost import IterationCost, SwapModel
 from sgl_blend.core.bros.requests import SLO as RealtimeSLO
 from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
-from sgl_blend.core.latency_model import LatencyModel
+from sgl_blend.core.latency_model import FitReport, LatencyModel
 from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.emulation.launch import emulated_launch
 from sgl_blend.emulation.memory import EngineSizing
+from sgl_blend.emulation.pricing import ForwardPricer
 from sgl_blend.forward_time.step_time import IterationClock, NoisyClock, StepTime
+from sgl_blend.measure.latency_profile import read_records
 from sgl_blend.measure.online_replay import OnlineRequest, summarize
 from sgl_blend.models.registry import STAND_IN, prepare
 from sgl_blend.sim.bros_colocation import ClockDevice, run_bros
 from sgl_blend.sim.bros_device import H100_H2D_SAMPLES
 from sgl_blend.sim.bros_engine import SimSettings
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, OnlineArrival
-from sgl_blend.sim.host import HostBoundClock, HostGaps, read_records
+from sgl_blend.sim.host import HostBoundClock, HostGaps
 from sgl_blend.sim.workload import SimRequest
 from sgl_blend.workloads.paper_lines import paper_requests
 
@@ -144,13 +146,14 @@ class Simulator:
     cost: CostModel
     offline: list[SimRequest]
     tokenizer: Any
+    args: argparse.Namespace
 
     @classmethod
-    def of(cls, args: argparse.Namespace) -> Simulator:
-        """For the judge's arguments (`colocation_emulated.parse_args`)."""
+    def of(cls, args: argparse.Namespace, pricer: ForwardPricer, fit: FitReport) -> Simulator:
+        """For the judge's arguments (`colocation_emulated.parse_args`: its batch, seed and knob
+        ranges) and its latency fit (`colocation_emulated.latency_fit`)."""
         from transformers import AutoTokenizer
 
-        pricer, fit = latency_fit(args)
         sizing = emulated_launch(DEVICE, MODEL).sizing
         assert sizing is not None, "the emulated device has a sizing"
         cost = CostModel(model_spec(MODEL), HardwareSpec.resolve(HARDWARE))
@@ -167,6 +170,7 @@ class Simulator:
             cost,
             offline,
             AutoTokenizer.from_pretrained(str(prepare(STAND_IN)[0])),
+            args,
         )
 
     def arrivals(self, trace: Sequence[OnlineRequest]) -> list[OnlineArrival]:
@@ -228,10 +232,9 @@ class Simulator:
         arrivals: Sequence[OnlineArrival],
         host: HostGaps | None = None,
     ) -> dict[str, Any]:
-        """The judge's knob search for ``config`` (its default range and resolution) run in the
-        simulator on ``arrivals``, against ``targets`` within ``tolerance``: the knob the
-        simulator chooses."""
-        low, high = knob_range(config)
+        """The judge's knob search for ``config`` (its range and resolution) run in the simulator on
+        ``arrivals``, against ``targets`` within ``tolerance``: the knob the simulator chooses."""
+        low, high = knob_range(self.args, config)
         found = search(
             f"sim {label}",
             lambda value: self.run(config, value, targets, arrivals, host),
@@ -239,7 +242,7 @@ class Simulator:
             tolerance,
             low,
             high,
-            parse_args([]).resolution,
+            self.args.resolution,
         )
         return {"value": found["value"], "met": found["met"], "tried": [trial["value"] for trial in found["trials"]]}
 
@@ -255,27 +258,19 @@ def versus(emulated: dict[str, float], sims: list[dict[str, Any]]) -> dict[str, 
     return {"simulated": simulated, "difference": difference, "over_10_percent": over}
 
 
-def knob_range(config: str) -> tuple[float, float]:
-    """The judge's search range for ``config``'s knob (its defaults, which the report ran with)."""
-    args = parse_args([])
+def knob_range(args: argparse.Namespace, config: str) -> tuple[float, float]:
+    """The judge's search range for ``config``'s knob."""
     if config == "hygen":
         return args.low_budget_ms / 1000, args.high_budget_ms / 1000
     return (args.low_echo_scale if config == "echo" else args.low_bros_scale), args.high_scale
 
 
 def compare(report: dict[str, Any], work: Path, configs: set[str] | None = None) -> dict[str, Any]:
-    simulator = Simulator.of(
-        parse_args(
-            [
-                "--seed",
-                str(report.get("seed", 0)),
-                "--offline-trace",
-                report["offline_trace"],
-                "--offline-lines",
-                str(report["offline_lines"]),
-            ]
-        )
+    args = parse_args(
+        ["--seed", str(report.get("seed", 0)), "--offline-trace", report["offline_trace"]]
+        + ["--offline-lines", str(report["offline_lines"])]
     )
+    simulator = Simulator.of(args, *latency_fit(args))
     rows = []
     for cell in report["cells"]:
         seeds = [FIRST_EVAL_SEED + index for index in range(report["seeds"])]

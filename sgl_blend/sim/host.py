@@ -18,10 +18,9 @@ request count, and a simulated iteration draws one measured from batches of its 
 from __future__ import annotations
 
 import bisect
-import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -35,13 +34,6 @@ REQUEST_CLASSES = (8, 16, 32, 64, 128, 256)
 
 def _requests(record: dict[str, Any]) -> int:
     return int(record["decode_reqs"]) + int(record["prefill_reqs"])
-
-
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """An iteration log's records, in order."""
-    with path.open() as lines:
-        for line in lines:
-            yield json.loads(line)
 
 
 @dataclass(frozen=True)
@@ -73,11 +65,19 @@ class HostGaps:
     def class_of(requests: int) -> int:
         return bisect.bisect_left(REQUEST_CLASSES, requests)
 
+    @cached_property
+    def _drawn_from(self) -> tuple[tuple[float, ...], ...]:
+        """Per class, the gaps it draws from: its own, or the nearest measured class's (the lower
+        one on a tie). Resolved once: every simulated iteration asks."""
+        measured = [index for index, gaps in enumerate(self.by_class) if gaps]
+        return tuple(
+            self.by_class[min(measured, key=lambda index: (abs(index - wanted), index))]
+            for wanted in range(len(self.by_class))
+        )
+
     def gaps_for(self, requests: int) -> tuple[float, ...]:
         """The measured gaps of batches of ``requests``' class, or of the nearest measured class."""
-        wanted = self.class_of(requests)
-        measured = [index for index, gaps in enumerate(self.by_class) if gaps]
-        return self.by_class[min(measured, key=lambda index: (abs(index - wanted), index))]
+        return self._drawn_from[self.class_of(requests)]
 
     def summary(self) -> list[dict[str, Any]]:
         """Per class: its bound, how many gaps, their median and P90 in ms (for a report)."""

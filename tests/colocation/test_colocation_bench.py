@@ -243,7 +243,8 @@ def test_the_judges_simulator_tunes_a_mode_against_the_loads_targets() -> None:
     from bench.colocation import online_trace, sharegpt_prompts
     from bench.colocation_sim_check import Simulator
 
-    simulator = Simulator.of(colocation_emulated.parse_args(["--offline-lines", "300"]))
+    args = colocation_emulated.parse_args(["--offline-lines", "300"])
+    simulator = Simulator.of(args, *colocation_emulated.latency_fit(args))
     prompts = sharegpt_prompts(200, 0, max_chars=4000, max_tokens_cap=256)
     arrivals = simulator.arrivals(online_trace("poisson", 12.0, 5.0, 5.0, prompts, 200))
 

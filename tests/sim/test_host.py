@@ -16,9 +16,10 @@ from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.forward_time.step_time import IterationClock, NoisyClock
+from sgl_blend.measure.latency_profile import read_records
 from sgl_blend.measure.online_replay import summarize
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine
-from sgl_blend.sim.host import HostBoundClock, HostGaps, read_records
+from sgl_blend.sim.host import HostBoundClock, HostGaps
 from tests.colocation.test_colocation_sim import COST, HARDWARE, HORIZON_S, MODEL, STEP, offline_pool, online_load
 
 
