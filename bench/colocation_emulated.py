@@ -208,19 +208,29 @@ def serving(
         server.stop()
 
 
-def trial(engine: Engine, offline: OfflineBatch | None, trace: Sequence, *, priority: bool = False) -> dict[str, Any]:
+def trial(
+    engine: Engine,
+    offline: OfflineBatch | None,
+    trace: Sequence,
+    *,
+    priority: bool = False,
+    sent: list[tuple[float, float | None]] | None = None,
+) -> dict[str, Any]:
     """One replay: its online latencies, the offline batch's output tokens/s over the replay's
     window, the emulated device's busy share and how late the host delivered its batches (the
     pacer's ``behind_s``: host time the device would not have waited on a GPU server's host). A
-    replay that raises counts as missing every SLO."""
+    replay that raises counts as missing every SLO. ``sent`` receives each online request's send
+    (wall clock) and time to first token, in the trace's order."""
     engine.wait_idle(IDLE_QUIET_S, IDLE_TIMEOUT_S)
     url = engine.server.base_url
     try:
         if offline is not None:
             validated_s = offline.start()
             tokens_before = offline.output_tokens()
-        clock_before, started = read_clock(url), time.time()
+        clock_before, started, started_perf = read_clock(url), time.time(), time.perf_counter()
         timings = asyncio.run(replay(url, trace, ONLINE_PRIORITY if priority else None))
+        if sent is not None:
+            sent.extend((started + timing.sent_at - started_perf, timing.ttft) for timing in timings)
         window = time.time() - started
         clock_after = read_clock(url)
         run: dict[str, Any] = {

@@ -7,17 +7,43 @@ mixed chunks for the co-location modes, none for SGLang's priority scheduling).
 Both price a forward with the same `StepTime` (`emulation.pricing`), so where they differ the
 difference is what the simulator leaves out: above all the host. The emulated engine's iterations
 take their launch-to-launch period (`iteration_log`'s ``period_s``), the simulator's their price.
-Each configuration is simulated twice: as a GPU server's engine (an iteration lasts its price)
-and with this host (`sim.host`: an iteration lasts its price or a host gap drawn from those the
-emulated run measured for batches of its size, as the pacer runs it). The gaps come from the
-iteration records of the same configuration's evaluation replays (the report's work folder), so
-the second simulation checks everything but the host -- the scheduling, batching and queueing --
-against SGLang's. The report gives, per configuration and load, the emulated figure (mean over
-its seeds), both simulated ones and their differences, flagging those over 10%.
+Each configuration is simulated three times:
+
+- ``gpu_host``: as a GPU server's engine (an iteration lasts its price);
+- ``this_host``: with this host (`sim.host`: an iteration lasts its price or a host gap drawn from
+  those the emulated run measured for batches of its size, as the pacer runs it), the gaps taken
+  from the iteration records of the same configuration's evaluation replays (the report's work
+  folder): it checks everything but the host -- the scheduling, batching and queueing -- against
+  SGLang's;
+- ``tuning_seed``: with the host gaps and the front end (`sim.front_end`: an online request's way
+  to the scheduler and its first token's way back) that `bench.front_end` measured on the tuning
+  seed, where the configuration ran at the same knob: a prediction for the evaluation seeds from
+  nothing measured on them. The measured way to the scheduler ends when the scheduler's loop takes
+  the request, so it holds the wait for the iteration under way, which the simulated engine adds
+  again: up to one iteration (a few milliseconds) counted twice.
+
+The report gives, per configuration and load, the emulated figure (mean over its seeds), the
+simulated ones and their differences, flagging those over 10%.
 
 Offline throughput is output tokens on both sides: the judge counts the batch's committed output
 tokens (its usage), so the simulator's figure is its offline output tokens alone
 (`ColocatedResult.offline_output_tokens_per_s`), not prompts and outputs.
+
+Two figures split what the client sees into the engine's part and the rest, from the emulated
+run's iteration records in each replay's window:
+
+- ``engine_offline_tokens_per_s``: the offline tokens the engine decoded (``offline_decode``,
+  one token per offline request per batch; a prompt's first token, one per line, is left out).
+  The Batch API commits a line's tokens when the line ends, so lines still running or parked when
+  the replay ends have decoded tokens it has not counted yet.
+- ``scheduler_ttft_spread``: P99 less P1 of each online request's time from its send to the end
+  of the batch that admitted it (its first token, for a prompt that fits one chunk). Online
+  requests are admitted first come, first served, so the k-th admission is the k-th request
+  sent. The spread cancels the replay's start (recorded to a tenth of a second) and the constant
+  part of the path. The simulator's counterpart is the spread of its TTFT, which has no front end:
+  where the emulated spread is larger, the requests waited before the scheduler had them (SGLang's
+  own log shows its waiting queue empty at every online-only prefill), or in the scheduler's
+  queue; what the client's P99 adds beyond it is the way back (detokenizer, HTTP, client).
 
 Each mode's knob search is also run in the simulator on the tuning trace, with and without the
 host, beside the knob the emulated search chose: what ``--sim-first`` in the judge starts from.
@@ -39,6 +65,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.colocation import online_trace, sharegpt_prompts
 from bench.colocation_emulated import (
     BASELINE,
@@ -58,6 +86,7 @@ from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.latency_model import FitReport, LatencyModel
 from sgl_blend.core.psm_policy import make_offline_policy
+from sgl_blend.core.request_timing import RequestTiming
 from sgl_blend.emulation.launch import emulated_launch
 from sgl_blend.emulation.memory import EngineSizing
 from sgl_blend.emulation.pricing import ForwardPricer
@@ -69,13 +98,22 @@ from sgl_blend.sim.bros_colocation import ClockDevice, run_bros
 from sgl_blend.sim.bros_device import H100_H2D_SAMPLES
 from sgl_blend.sim.bros_engine import SimSettings
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine, OnlineArrival
+from sgl_blend.sim.front_end import FrontEnd
 from sgl_blend.sim.host import HostBoundClock, HostGaps
 from sgl_blend.sim.workload import SimRequest
 from sgl_blend.workloads.paper_lines import paper_requests
 
 RESULTS = Path(__file__).parent / "results"
-COMPARED = ("ttft_p99", "tbt_p99", "offline_tokens_per_s")
+# What the client measures (the judge's report), and what the iteration records say of the engine.
+CLIENT_METRICS = ("ttft_p99", "tbt_p99", "offline_tokens_per_s")
+ENGINE_METRICS = ("engine_offline_tokens_per_s", "scheduler_ttft_spread")
+COMPARED = CLIENT_METRICS + ENGINE_METRICS
+# The simulations of a row, as the report names them: no host, this host's gaps from the evaluation
+# replays, and host and front end measured on the tuning seed.
+SIMULATIONS = ("gpu_host", "this_host", "tuning_seed")
 FLAG = 0.10
+# The front end's draws: one stream, so every simulated run of a row draws the same delays.
+FRONT_END_SEED = 0
 # Configurations whose knob is the Batch API's offline concurrency: no counterpart in the simulator.
 BY_CONCURRENCY = (BASELINE, "hygen-star")
 
@@ -114,22 +152,88 @@ def has_offline(record: dict[str, Any]) -> bool:
 
 def record_file(config: str, share: float, value: float | None) -> str:
     """The iteration log of the server ``config``'s evaluation ran on (`colocation_emulated.serving`):
-    online-only's and HyGen's first server, Echo's own, one per load and knob for BROS."""
+    online-only's and HyGen's first server, Echo's own, one per load and knob for BROS and the
+    baselines."""
     if config == "online-only":
         return "hygen.records.jsonl"
-    return f"bros-{share:g}-{value:.4g}.records.jsonl" if config == "bros" else f"{config}.records.jsonl"
+    if config in ("echo", "hygen"):
+        return f"{config}.records.jsonl"
+    return f"{config}-{share:g}-{value:.4g}.records.jsonl"
 
 
-def host_gaps(work: Path, config: str, share: float, value: float | None, runs: list[dict[str, Any]]) -> HostGaps:
-    """The host gaps measured during ``runs``' replays (``started_wall`` for ``window_s``); for a
-    co-location mode, only after iterations that carried offline work, the regime it runs in."""
-    windows = [(run["started_wall"], run["started_wall"] + run["window_s"]) for run in runs]
+# `started_wall` is rounded to a tenth of a second: a replay's records lie within half of it.
+WALL_ROUNDING_S = 0.05
+
+
+def in_replay(record: dict[str, Any], run: dict[str, Any]) -> bool:
+    """Whether ``record``'s batch ended during ``run``'s replay (``started_wall`` for ``window_s``)."""
+    start = run["started_wall"] - WALL_ROUNDING_S
+    return start <= record["wall"] <= start + run["window_s"] + 2 * WALL_ROUNDING_S
+
+
+def host_gaps(config: str, records: list[dict[str, Any]], runs: list[dict[str, Any]]) -> HostGaps:
+    """The host gaps measured during ``runs``' replays; for a co-location mode, only after
+    iterations that carried offline work, the regime it runs in."""
 
     def keep(record: dict[str, Any]) -> bool:
-        inside = any(start <= record["wall"] <= end for start, end in windows)
-        return inside and (config == "online-only" or has_offline(record))
+        return any(in_replay(record, run) for run in runs) and (config == "online-only" or has_offline(record))
 
-    return HostGaps.measure(read_records(work / record_file(config, share, value)), keep)
+    return HostGaps.measure(records, keep)
+
+
+def engine_offline_tokens_per_s(records: list[dict[str, Any]], run: dict[str, Any]) -> float:
+    """Offline tokens the emulated engine decoded during ``run``'s replay, per second."""
+    return sum(record["offline_decode"] for record in records if in_replay(record, run)) / run["window_s"]
+
+
+def scheduler_first_tokens(
+    records: list[dict[str, Any]], run: dict[str, Any], arrivals: Sequence[OnlineArrival]
+) -> list[float]:
+    """Per online request of ``run``'s replay, seconds from its send (``arrivals``, the replayed
+    trace) to the end of the batch that admitted it, less the replay's rounded start; in arrival
+    order, as the engine admits them. Raises when the records admit other than the trace's requests."""
+    admitted = [
+        record["wall"] for record in records if in_replay(record, run) for _ in range(record.get("online_admitted", 0))
+    ]
+    if len(admitted) != len(arrivals):
+        raise ValueError(f"the replay's records admit {len(admitted)} online requests, its trace has {len(arrivals)}")
+    return [wall - run["started_wall"] - arrival.at for wall, arrival in zip(admitted, arrivals)]
+
+
+def emulated_figures(
+    runs: list[dict[str, Any]], records: list[dict[str, Any]], traces: list[Sequence[OnlineArrival]]
+) -> list[dict[str, float]]:
+    """Per evaluation run (replayed from its trace): the client's figures, as the judge reported
+    them, and the engine's, from the server's iteration ``records``."""
+    return [
+        {
+            **{metric: run[metric] for metric in CLIENT_METRICS},
+            "engine_offline_tokens_per_s": engine_offline_tokens_per_s(records, run),
+            "scheduler_ttft_spread": spread(scheduler_first_tokens(records, run, trace)),
+        }
+        for run, trace in zip(runs, traces, strict=True)
+    ]
+
+
+def spread(seconds: Sequence[float]) -> float:
+    """P99 less P1: a latency tail without the latency every request has."""
+    low, high = np.percentile(seconds, [1, 99])
+    return float(high - low)
+
+
+def figures(
+    online: Sequence[RequestTiming], offline_tokens_per_s: float, front: FrontEnd | None = None
+) -> dict[str, Any]:
+    """A simulated run's figures, under the names of the emulated ones they are compared with: its
+    offline tokens are the engine's and its TTFT spread the scheduler's; the client's TTFT has the
+    front end's crossings added when ``front`` is given."""
+    engine_ttfts = [timing.ttft for timing in online if timing.ttft is not None]
+    return {
+        **summarize(online if front is None else front.add_to(online, FRONT_END_SEED)),
+        "offline_tokens_per_s": offline_tokens_per_s,
+        "engine_offline_tokens_per_s": offline_tokens_per_s,
+        "scheduler_ttft_spread": spread(engine_ttfts),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,10 +287,11 @@ class Simulator:
         targets: dict[str, float],
         arrivals: Sequence[OnlineArrival],
         host: HostGaps | None = None,
+        front: FrontEnd | None = None,
     ) -> dict[str, Any]:
         """One configuration at knob ``value`` on ``arrivals`` (``targets``: the load's, which
         Echo's and BROS's k scale); with ``host``, iterations wait for the host as the emulated
-        engine's do."""
+        engine's do; with ``front``, first tokens reach the client across its front end."""
         sizing = self.sizing
         clock: IterationClock = NoisyClock(self.step, 0.0, 0)
         if host is not None:
@@ -205,7 +310,7 @@ class Simulator:
             )
             cost = IterationCost(self.bros_model, self.swap)
             result = run_bros(arrivals, self.offline, ClockDevice(clock, self.swap), cost, settings, horizon)
-            return {**summarize(result.online), "offline_tokens_per_s": result.offline_output_tokens_per_s()}
+            return figures(result.online, result.offline_output_tokens_per_s(), front)
         if config == "echo":
             assert value is not None
             colocation = ColocationConfig(mode="echo", latency_model=self.latency_model, **slo_scaled(value, targets))
@@ -221,7 +326,7 @@ class Simulator:
         policy = make_offline_policy("psm", self.cost.model, self.cost.hardware) if config != "online-only" else None
         engine = ColocatedEngine(clock, ColocationController(colocation), policy, engine_config)
         result = engine.run(arrivals, self.offline if policy is not None else [], horizon)
-        return {**summarize(result.online), "offline_tokens_per_s": result.offline_output_tokens_per_s()}
+        return figures(result.online, result.offline_output_tokens_per_s(), front)
 
     def tune(
         self,
@@ -247,15 +352,26 @@ class Simulator:
         return {"value": found["value"], "met": found["met"], "tried": [trial["value"] for trial in found["trials"]]}
 
 
-def versus(emulated: dict[str, float], sims: list[dict[str, Any]]) -> dict[str, Any]:
-    """The simulated figures (mean over seeds) beside the emulated ones, and where they differ."""
+def versus(emulated: list[dict[str, float]], sims: list[dict[str, Any]]) -> dict[str, Any]:
+    """The simulated figures (mean over seeds) beside the emulated ones (per seed), and where they
+    differ: by more than 10% of the emulated mean, and outside the range of the emulated seeds
+    (this host's own seed-to-seed spread, as wide as the difference on some metrics)."""
+    mean = {metric: statistics.fmean(run[metric] for run in emulated) for metric in COMPARED}
     simulated = {metric: statistics.fmean(sim[metric] for sim in sims) for metric in COMPARED}
     difference = {
-        metric: (simulated[metric] - emulated[metric]) / emulated[metric] if emulated[metric] else None
-        for metric in COMPARED
+        metric: (simulated[metric] - mean[metric]) / mean[metric] if mean[metric] else None for metric in COMPARED
     }
-    over = [metric for metric, diff in difference.items() if diff is not None and abs(diff) > FLAG]
-    return {"simulated": simulated, "difference": difference, "over_10_percent": over}
+    outside = [
+        metric
+        for metric in COMPARED
+        if not min(run[metric] for run in emulated) <= simulated[metric] <= max(run[metric] for run in emulated)
+    ]
+    return {
+        "simulated": simulated,
+        "difference": difference,
+        "over_10_percent": [metric for metric, diff in difference.items() if diff is not None and abs(diff) > FLAG],
+        "outside_seed_range": outside,
+    }
 
 
 def knob_range(args: argparse.Namespace, config: str) -> tuple[float, float]:
@@ -265,12 +381,17 @@ def knob_range(args: argparse.Namespace, config: str) -> tuple[float, float]:
     return (args.low_echo_scale if config == "echo" else args.low_bros_scale), args.high_scale
 
 
-def compare(report: dict[str, Any], work: Path, configs: set[str] | None = None) -> dict[str, Any]:
+def compare(
+    report: dict[str, Any], work: Path, configs: set[str] | None = None, probe: Path | None = None
+) -> dict[str, Any]:
     args = parse_args(
         ["--seed", str(report.get("seed", 0)), "--offline-trace", report["offline_trace"]]
         + ["--offline-lines", str(report["offline_lines"])]
     )
     simulator = Simulator.of(args, *latency_fit(args))
+    probed = {}
+    if probe is not None:
+        probed = {(row["share"], row["config"]): row for row in json.loads(probe.read_text())["rows"]}
     rows = []
     for cell in report["cells"]:
         seeds = [FIRST_EVAL_SEED + index for index in range(report["seeds"])]
@@ -280,28 +401,38 @@ def compare(report: dict[str, Any], work: Path, configs: set[str] | None = None)
         for config, runs in cell["runs"].items():
             if configs is not None and config not in configs:
                 continue
-            emulated = {metric: statistics.fmean(run[metric] for run in runs) for metric in COMPARED}
+            searched = cell["search"].get(config)
+            value = searched["value"] if searched else None
+            records = list(read_records(work / record_file(config, cell["share"], value)))
+            per_seed = emulated_figures(runs, records, [arrivals[seed] for seed in seeds])
             row: dict[str, Any] = {
                 "share": cell["share"],
                 "rate_per_s": rate,
                 "config": config,
-                "emulated": emulated,
+                "emulated": {metric: statistics.fmean(run[metric] for run in per_seed) for metric in COMPARED},
+                "emulated_seeds": per_seed,
                 "host_late_share": statistics.fmean(run.get("host_late_share", 0.0) for run in runs),
             }
             if config in BY_CONCURRENCY:
                 row["why"] = "offline concurrency has no counterpart in the simulator"
                 rows.append(row)
                 continue
-            searched = cell["search"].get(config)
-            value = searched["value"] if searched else None
-            host = host_gaps(work, config, cell["share"], value, runs)
+            host = host_gaps(config, records, runs)
             row["host_gaps"] = host.summary()
             for key, with_host in (("gpu_host", None), ("this_host", host)):
                 sims = [simulator.run(config, value, targets, arrivals[seed], with_host) for seed in seeds]
-                row[key] = versus(emulated, sims)
+                row[key] = versus(per_seed, sims)
                 if searched:
                     label = f"{config} {cell['share']:g} tuning{' with host' if with_host else ''}"
                     row[key]["tuned"] = simulator.tune(config, label, targets, cell["tolerance"], tuning, with_host)
+            measured = probed.get((cell["share"], config))
+            if measured is not None and probe is not None:
+                # host and front end from the probe on the tuning seed: neither seen on these seeds
+                probe_records = list(read_records(probe.parent / f"{probe.stem}-work" / measured["records"]))
+                front = FrontEnd(tuple((to, back) for to, back in measured["delays_s"]))
+                tuned_host = host_gaps(config, probe_records, [measured])
+                sims = [simulator.run(config, value, targets, arrivals[seed], tuned_host, front) for seed in seeds]
+                row["tuning_seed"] = {**versus(per_seed, sims), "front_end": front.summary()}
             if searched:
                 row["tuned"] = {
                     "value": searched["value"],
@@ -315,22 +446,33 @@ def compare(report: dict[str, Any], work: Path, configs: set[str] | None = None)
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "| load | config | P99 TTFT ms (emulated / sim / sim with host) | P99 TBT ms | offline tok/s | host late "
-        "| over 10%, sim with host |",
-        "|---|---|---|---|---|---|---|",
+        "Each figure: emulated / sim / sim with host (gaps of the evaluation replays) / sim with host "
+        "and front end (both measured on the tuning seed, `bench.front_end`).",
+        "",
+        "| load | config | P99 TTFT ms | scheduler's TTFT P99-P1 ms | P99 TBT ms | offline tok/s committed "
+        "| offline tok/s decoded | host late | last sim: over 10%; outside the emulated seeds' range |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
 
-        def triple(metric: str, scale: float, digits: int, row: dict[str, Any] = row) -> str:
-            figures = [row["emulated"][metric]] + [
-                row[key]["simulated"][metric] if key in row else None for key in ("gpu_host", "this_host")
+        def shown(metric: str, scale: float, digits: int, row: dict[str, Any] = row) -> str:
+            values = [row["emulated"].get(metric)] + [
+                row[key]["simulated"][metric] if key in row else None for key in SIMULATIONS
             ]
-            return " / ".join("-" if figure is None else f"{figure * scale:.{digits}f}" for figure in figures)
+            return " / ".join("-" if value is None else f"{value * scale:.{digits}f}" for value in values)
 
-        over = row.get("why") or ", ".join(row["this_host"]["over_10_percent"]) or "none"
+        last = next((row[key] for key in reversed(SIMULATIONS) if key in row), None)
+        over = row.get("why") or (
+            f"{', '.join(last['over_10_percent']) or 'none'}; outside the seeds: "
+            f"{', '.join(last['outside_seed_range']) or 'none'}"
+            if last
+            else "none"
+        )
         lines.append(
-            f"| {row['share']:.0%} | {row['config']} | {triple('ttft_p99', 1000, 0)} | {triple('tbt_p99', 1000, 1)} | "
-            f"{triple('offline_tokens_per_s', 1, 0)} | {row['host_late_share']:.1%} | {over} |"
+            f"| {row['share']:.0%} | {row['config']} | {shown('ttft_p99', 1000, 0)} | "
+            f"{shown('scheduler_ttft_spread', 1000, 0)} | {shown('tbt_p99', 1000, 1)} | "
+            f"{shown('offline_tokens_per_s', 1, 0)} | {shown('engine_offline_tokens_per_s', 1, 0)} | "
+            f"{row['host_late_share']:.1%} | {over} |"
         )
     lines += [
         "",
@@ -359,11 +501,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--work", type=Path, help="the report's work folder, with its iteration records (default: beside the report)"
     )
     parser.add_argument("--configs", help="comma-separated configurations to check (default: all)")
+    parser.add_argument(
+        "--front-end",
+        type=Path,
+        default=RESULTS / "front_end.json",
+        help="`bench.front_end`'s measurement on the tuning seed (skipped when absent)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "colocation_sim_check.json")
     args = parser.parse_args(argv)
     report = {**json.loads(args.report.read_text()), "source": str(args.report)}
     work = args.work or args.report.parent / f"{args.report.stem}-work"
-    result = compare(report, work, set(args.configs.split(",")) if args.configs else None)
+    probe = args.front_end if args.front_end.exists() else None
+    result = compare(report, work, set(args.configs.split(",")) if args.configs else None, probe)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result) + "\n")
     print(markdown(result))

@@ -7,7 +7,9 @@ forward time (``forward_s``, `run_batch`) and the launch-to-launch period of the
 it, absent after the engine was idle; SGLang overlaps result processing with the next forward,
 so a batch's own end-to-end time is not a quantity the loop has). Online requests are also
 followed from arrival -- the iteration count when SGLang queued them -- to the first batch that
-ran them, so "admitted in the next iteration" is checked in iterations, not seconds.
+ran them, so "admitted in the next iteration" is checked in iterations, not seconds; the batch
+that admits them also records when the scheduler received each (``online_received``, wall clock),
+which splits a client's time to first token into the way to the scheduler and the scheduler's part.
 
 The last records are published in ``/server_info``; with the settings' ``iteration_log`` set,
 every record is also appended to that JSONL file (what `sgl-blend profile --latency` fits on).
@@ -68,7 +70,8 @@ class IterationRecorder:
     def __init__(self, log_path: str | None = None) -> None:
         self.records: deque[dict[str, Any]] = deque(maxlen=KEPT_RECORDS)
         self.admissions: deque[dict[str, Any]] = deque(maxlen=KEPT_RECORDS)
-        self._arrived: dict[str, int] = {}
+        # rid -> (batches run before it was queued, wall time it was queued)
+        self._arrived: dict[str, tuple[int, float]] = {}
         self._open: dict[str, Any] | None = None
         self._last_launch: float | None = None
         self._log: TextIO | None = open(log_path, "a") if log_path else None
@@ -82,7 +85,7 @@ class IterationRecorder:
     def arrived(self, rid: str, iterations_so_far: int) -> None:
         """An online request entered the waiting queue after ``iterations_so_far`` batches.
         Requests aborted before they ran are dropped oldest first past a bound."""
-        self._arrived.setdefault(rid, iterations_so_far)
+        self._arrived.setdefault(rid, (iterations_so_far, time.time()))
         if len(self._arrived) > MAX_TRACKED_ARRIVALS:
             del self._arrived[next(iter(self._arrived))]
 
@@ -103,9 +106,14 @@ class IterationRecorder:
                 continue
             arrival = self._arrived.pop(req.rid, None)
             if arrival is not None:
-                admitted.append({"rid": req.rid, "arrived_after": arrival, "scheduled_in": record["iteration"]})
+                iterations, received = arrival
+                scheduled = record["iteration"]
+                admitted.append(
+                    {"rid": req.rid, "arrived_after": iterations, "scheduled_in": scheduled, "received": received}
+                )
         if admitted:
             record["online_admitted"] = len(admitted)
+            record["online_received"] = [round(admission["received"], 4) for admission in admitted]
             self.admissions.extend(admitted)
         now = time.perf_counter()
         if self._last_launch is not None:

@@ -254,3 +254,40 @@ def test_the_judges_simulator_tunes_a_mode_against_the_loads_targets() -> None:
     assert (generous["value"], generous["met"]) == (0.064, True)
     assert (unreachable["value"], unreachable["met"]) == (0.008, False)
     assert unreachable["tried"] == [0.064, 0.008]
+
+
+def test_the_sim_check_reads_the_engines_part_of_a_replay_from_its_records() -> None:
+    """A replay started at wall 1000.0 for 2 s: its offline decodes per second, and its online
+    requests' times from send to the batch that admitted them, matched first come, first served;
+    a batch outside the window counts for neither, and a trace the records do not match is refused."""
+    from bench.colocation_sim_check import engine_offline_tokens_per_s, scheduler_first_tokens, spread
+    from sgl_blend.sim.colocation import OnlineArrival
+
+    run = {"started_wall": 1000.0, "window_s": 2.0}
+    records = [
+        {"wall": 999.5, "offline_decode": 50, "online_admitted": 1},  # the previous replay's
+        {"wall": 1000.02, "offline_decode": 10, "online_admitted": 1},
+        {"wall": 1001.31, "offline_decode": 30, "online_admitted": 2},
+        {"wall": 1001.9, "offline_decode": 20},
+    ]
+    arrivals = [OnlineArrival(at, SimRequest(f"on-{at}", "online", (), 10, 5, 5, True)) for at in (0.0, 1.2, 1.3)]
+    assert engine_offline_tokens_per_s(records, run) == 30.0
+    assert scheduler_first_tokens(records, run, arrivals) == pytest.approx([0.02, 0.11, 0.01])
+    assert spread([0.0] * 10 + [1.0] * 90) == pytest.approx(1.0) and spread([0.5] * 5) == 0.0
+    with pytest.raises(ValueError, match="admit 3 online requests, its trace has 2"):
+        scheduler_first_tokens(records, run, arrivals[:2])
+
+
+def test_the_sim_check_flags_a_difference_over_10_percent_and_one_outside_the_seeds() -> None:
+    """Emulated seeds at 100 and 140 (mean 120): a simulated 130 is within 10% (8.3%) and inside their
+    range; 150 is over 10% and outside; 100 is over 10% (-16.7%) but a seed measured it."""
+    from bench.colocation_sim_check import COMPARED, versus
+
+    def figures(value: float) -> dict[str, float]:
+        return dict.fromkeys(COMPARED, value)
+
+    emulated = [figures(100.0), figures(140.0)]
+    inside, above, low = (versus(emulated, [figures(value)]) for value in (130.0, 150.0, 100.0))
+    assert inside["over_10_percent"] == [] and inside["outside_seed_range"] == []
+    assert above["over_10_percent"] == above["outside_seed_range"] == list(COMPARED)
+    assert low["over_10_percent"] == list(COMPARED) and low["outside_seed_range"] == []

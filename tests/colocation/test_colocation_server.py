@@ -115,15 +115,18 @@ def generate_streaming(server: ServerProcess, input_ids: list[int], max_new_toke
 
 def test_online_requests_are_admitted_in_the_next_iteration_under_offline_saturation(server: ServerProcess) -> None:
     """Eight offline requests of 400 + 100 tokens reserve ~4000 of the 4096 KV tokens, and more
-    wait; each online request (300 + 8 tokens) finds no room and must take it from offline work."""
+    wait; each online request (300 + 8 tokens) finds no room and must take it from offline work.
+    The admission records when the scheduler received each: between the client's send and its answer."""
     assert set_state(server, {RESET: 1})
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         offline = [pool.submit(generate, server, tokens(400, seed), 100, offline=True) for seed in range(12)]
         wait_for(lambda: (plugin_state(server)["offline"] or {}).get("running", 0) >= 6, "six offline requests running")
-        online_ids = []
+        online_ids, spans = [], {}
         for index in range(3):
+            sent = time.time()
             answer = generate(server, tokens(300, 1000 + index), 8, offline=False)
             online_ids.append(answer["meta_info"]["id"])
+            spans[answer["meta_info"]["id"]] = (sent, time.time())
             assert len(answer["output_ids"]) == 8
         state = plugin_state(server)
         assert all(future.result()["meta_info"]["completion_tokens"] == 100 for future in offline)
@@ -131,10 +134,14 @@ def test_online_requests_are_admitted_in_the_next_iteration_under_offline_satura
     assert set(online_ids) <= set(admissions), state["online_admissions"]
     late = [admissions[rid] for rid in online_ids if admissions[rid]["scheduled_in"] != admissions[rid]["arrived_after"] + 1]
     assert not late, late
+    received = [(spans[rid][0], admissions[rid]["received"], spans[rid][1]) for rid in online_ids]
+    assert all(sent <= at <= answered for sent, at, answered in received), received
     counts = state["colocation"]["counts"]
     # taken by the plan's offline memory budget (HyGen Alg. 2), or by the adder when that falls short
     assert counts.get("preempted_for_memory", 0) + counts.get("memory_reclaimed", 0) > 0, counts
     busy = {record["iteration"]: record for record in state["iterations"]}
+    admitting = busy[admissions[online_ids[0]]["scheduled_in"]]
+    assert round(admissions[online_ids[0]]["received"], 4) in admitting["online_received"], admitting
     first_arrival = busy[admissions[online_ids[0]]["arrived_after"]]
     assert first_arrival["offline_decode"] + first_arrival["offline_prefill"] >= 6, first_arrival
 

@@ -19,7 +19,7 @@ from sgl_blend.forward_time.step_time import IterationClock, NoisyClock
 from sgl_blend.measure.latency_profile import read_records
 from sgl_blend.measure.online_replay import summarize
 from sgl_blend.sim.colocation import ColocatedConfig, ColocatedEngine
-from sgl_blend.sim.host import HostBoundClock, HostGaps
+from sgl_blend.sim.host import MIN_CLASS_GAPS, HostBoundClock, HostGaps
 from tests.colocation.test_colocation_sim import COST, HARDWARE, HORIZON_S, MODEL, STEP, offline_pool, online_load
 
 
@@ -59,6 +59,15 @@ def test_a_gap_is_the_next_period_less_this_forward_and_idle_spells_give_none(tm
     assert gaps.gaps_for(20) == gaps.gaps_for(4)
     assert gaps.gaps_for(1000) == gaps.gaps_for(100)
     assert [row["count"] for row in gaps.summary()] == [2, 2]
+
+
+def test_a_class_with_a_few_gaps_draws_from_the_nearest_class_with_enough() -> None:
+    few, many, far = (0.010, 0.009), tuple(0.005 for _ in range(MIN_CLASS_GAPS)), (0.002,) * MIN_CLASS_GAPS
+    gaps = HostGaps(((), few, (), many, (), (), far))
+
+    assert gaps.gaps_for(12) == gaps.gaps_for(4) == gaps.gaps_for(50) == many
+    assert gaps.gaps_for(1000) == far
+    assert [row["count"] for row in gaps.summary()] == [2, MIN_CLASS_GAPS, MIN_CLASS_GAPS]  # reported as measured
 
 
 def test_kept_records_choose_which_gaps_count(tmp_path: Path) -> None:
