@@ -440,6 +440,12 @@ def live_knob(
     )
 
 
+def server_name(config: str, share: float, value: float) -> str:
+    """The name of a fresh-knob configuration's server at one load and value: its work files'
+    stem (`serving`), which `colocation_sim_check.record_file` reads back."""
+    return f"{config}-{share:g}-{value:.4g}"
+
+
 def fresh_server_knob(
     setup: Setup,
     name: str,
@@ -455,9 +461,11 @@ def fresh_server_knob(
 
     def at(value: float, load: Load, traces: list[list]) -> list[dict[str, Any]]:
         settings, sglang_args, inflight = launch(value, load)
-        name_here = f"{name}-{load.share:g}-{value:.4g}"
         try:
-            with serving(setup, name_here, settings, sglang_args, inflight) as (engine, offline):
+            with serving(setup, server_name(name, load.share, value), settings, sglang_args, inflight) as (
+                engine,
+                offline,
+            ):
                 return [trial(engine, offline, trace, priority=priority) for trace in traces]
         except RuntimeError as error:  # the server did not start: failed runs, reported
             failed = {metric: math.inf for metric in seed_judge.SLO_METRICS}

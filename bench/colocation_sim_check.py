@@ -77,6 +77,7 @@ from bench.colocation_emulated import (
     latency_fit,
     parse_args,
     search,
+    server_name,
     slo_scaled,
 )
 from bench.shipped_path import HARDWARE
@@ -158,7 +159,8 @@ def record_file(config: str, share: float, value: float | None) -> str:
         return "hygen.records.jsonl"
     if config in ("echo", "hygen"):
         return f"{config}.records.jsonl"
-    return f"{config}-{share:g}-{value:.4g}.records.jsonl"
+    assert value is not None, "a fresh-knob configuration is evaluated at its searched value"
+    return f"{server_name(config, share, value)}.records.jsonl"
 
 
 # `started_wall` is rounded to a tenth of a second: a replay's records lie within half of it.
@@ -389,9 +391,18 @@ def compare(
         + ["--offline-lines", str(report["offline_lines"])]
     )
     simulator = Simulator.of(args, *latency_fit(args))
-    probed = {}
+    probed: dict[tuple[float, str], dict[str, Any]] = {}
     if probe is not None:
         probed = {(row["share"], row["config"]): row for row in json.loads(probe.read_text())["rows"]}
+        probe_work = probe.parent / f"{probe.stem}-work"
+    loaded: dict[Path, list[dict[str, Any]]] = {}
+
+    def records_in(path: Path) -> list[dict[str, Any]]:
+        """An iteration log, read once: online-only and HyGen share theirs at every load."""
+        if path not in loaded:
+            loaded[path] = list(read_records(path))
+        return loaded[path]
+
     rows = []
     for cell in report["cells"]:
         seeds = [FIRST_EVAL_SEED + index for index in range(report["seeds"])]
@@ -403,7 +414,7 @@ def compare(
                 continue
             searched = cell["search"].get(config)
             value = searched["value"] if searched else None
-            records = list(read_records(work / record_file(config, cell["share"], value)))
+            records = records_in(work / record_file(config, cell["share"], value))
             per_seed = emulated_figures(runs, records, [arrivals[seed] for seed in seeds])
             row: dict[str, Any] = {
                 "share": cell["share"],
@@ -426,9 +437,9 @@ def compare(
                     label = f"{config} {cell['share']:g} tuning{' with host' if with_host else ''}"
                     row[key]["tuned"] = simulator.tune(config, label, targets, cell["tolerance"], tuning, with_host)
             measured = probed.get((cell["share"], config))
-            if measured is not None and probe is not None:
+            if measured is not None:
                 # host and front end from the probe on the tuning seed: neither seen on these seeds
-                probe_records = list(read_records(probe.parent / f"{probe.stem}-work" / measured["records"]))
+                probe_records = records_in(probe_work / measured["records"])
                 front = FrontEnd(tuple((to, back) for to, back in measured["delays_s"]))
                 tuned_host = host_gaps(config, probe_records, [measured])
                 sims = [simulator.run(config, value, targets, arrivals[seed], tuned_host, front) for seed in seeds]
@@ -461,13 +472,13 @@ def markdown(result: dict[str, Any]) -> str:
             ]
             return " / ".join("-" if value is None else f"{value * scale:.{digits}f}" for value in values)
 
-        last = next((row[key] for key in reversed(SIMULATIONS) if key in row), None)
-        over = row.get("why") or (
-            f"{', '.join(last['over_10_percent']) or 'none'}; outside the seeds: "
-            f"{', '.join(last['outside_seed_range']) or 'none'}"
-            if last
-            else "none"
-        )
+        over = row.get("why")
+        if over is None:
+            last = next(row[key] for key in reversed(SIMULATIONS) if key in row)
+            over = (
+                f"{', '.join(last['over_10_percent']) or 'none'}; "
+                f"outside the seeds: {', '.join(last['outside_seed_range']) or 'none'}"
+            )
         lines.append(
             f"| {row['share']:.0%} | {row['config']} | {shown('ttft_p99', 1000, 0)} | "
             f"{shown('scheduler_ttft_spread', 1000, 0)} | {shown('tbt_p99', 1000, 1)} | "
