@@ -107,7 +107,7 @@ from sgl_blend.workloads.paper_lines import paper_requests
 RESULTS = Path(__file__).parent / "results"
 # What the client measures (the judge's report), and what the iteration records say of the engine.
 CLIENT_METRICS = ("ttft_p99", "tbt_p99", "offline_tokens_per_s")
-ENGINE_METRICS = ("engine_offline_tokens_per_s", "scheduler_ttft_spread")
+ENGINE_METRICS = ("engine_offline_tokens_per_s", "scheduler_ttft_spread", "engine_tbt_p99")
 COMPARED = CLIENT_METRICS + ENGINE_METRICS
 # The simulations of a row, as the report names them: no host, this host's gaps from the evaluation
 # replays, and host and front end measured on the tuning seed.
@@ -188,6 +188,13 @@ def engine_offline_tokens_per_s(records: list[dict[str, Any]], run: dict[str, An
     return sum(record["offline_decode"] for record in records if in_replay(record, run)) / run["window_s"]
 
 
+def engine_token_gaps(records: Sequence[dict[str, Any]]) -> list[float]:
+    """Per online token a batch decoded, that batch's launch-to-launch period: the engine's time
+    between an online request's tokens (an online decode is never parked, so it ran in the batch
+    before too), without the way to the client."""
+    return [record["period_s"] for record in records if "period_s" in record for _ in range(record["online_decode"])]
+
+
 def scheduler_first_tokens(
     records: list[dict[str, Any]], run: dict[str, Any], arrivals: Sequence[OnlineArrival]
 ) -> list[float]:
@@ -212,6 +219,9 @@ def emulated_figures(
             **{metric: run[metric] for metric in CLIENT_METRICS},
             "engine_offline_tokens_per_s": engine_offline_tokens_per_s(records, run),
             "scheduler_ttft_spread": spread(scheduler_first_tokens(records, run, trace)),
+            "engine_tbt_p99": float(
+                np.percentile(engine_token_gaps([record for record in records if in_replay(record, run)]), 99)
+            ),
         }
         for run, trace in zip(runs, traces, strict=True)
     ]
@@ -227,14 +237,21 @@ def figures(
     online: Sequence[RequestTiming], offline_tokens_per_s: float, front: FrontEnd | None = None
 ) -> dict[str, Any]:
     """A simulated run's figures, under the names of the emulated ones they are compared with: its
-    offline tokens are the engine's and its TTFT spread the scheduler's; the client's TTFT has the
-    front end's crossings added when ``front`` is given."""
+    offline tokens and its TBT are the engine's (the front end moves first tokens only), its TTFT
+    spread the scheduler's (from send) and its P99 TTFT from receipt the scheduler's from receipt;
+    the client's TTFT crosses the front end when ``front`` is given."""
     engine_ttfts = [timing.ttft for timing in online if timing.ttft is not None]
+    from_receipt = [
+        timing.ttft - timing.received for timing in online if timing.ttft is not None and timing.received is not None
+    ]
+    summarized = summarize(online if front is None else front.add_to(online, FRONT_END_SEED))
     return {
-        **summarize(online if front is None else front.add_to(online, FRONT_END_SEED)),
+        **summarized,
         "offline_tokens_per_s": offline_tokens_per_s,
         "engine_offline_tokens_per_s": offline_tokens_per_s,
         "scheduler_ttft_spread": spread(engine_ttfts),
+        "scheduler_ttft_p99": float(np.percentile(from_receipt, 99)),
+        "engine_tbt_p99": summarized["tbt_p99"],
     }
 
 
@@ -460,9 +477,10 @@ def markdown(result: dict[str, Any]) -> str:
         "Each figure: emulated / sim / sim with host (gaps of the evaluation replays) / sim with host "
         "and front end (both measured on the tuning seed, `bench.front_end`).",
         "",
-        "| load | config | P99 TTFT ms | scheduler's TTFT P99-P1 ms | P99 TBT ms | offline tok/s committed "
-        "| offline tok/s decoded | host late | last sim: over 10%; outside the emulated seeds' range |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| load | config | P99 TTFT ms | scheduler's TTFT P99-P1 ms | P99 TBT ms | engine's P99 TBT ms "
+        "| offline tok/s committed | offline tok/s decoded | host late "
+        "| last sim: over 10%; outside the emulated seeds' range |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
 
@@ -482,6 +500,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {row['share']:.0%} | {row['config']} | {shown('ttft_p99', 1000, 0)} | "
             f"{shown('scheduler_ttft_spread', 1000, 0)} | {shown('tbt_p99', 1000, 1)} | "
+            f"{shown('engine_tbt_p99', 1000, 1)} | "
             f"{shown('offline_tokens_per_s', 1, 0)} | {shown('engine_offline_tokens_per_s', 1, 0)} | "
             f"{row['host_late_share']:.1%} | {over} |"
         )

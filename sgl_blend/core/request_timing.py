@@ -18,13 +18,16 @@ import numpy as np
 @dataclass
 class RequestTiming:
     """``ttft`` and ``gaps`` (between tokens) in seconds from ``sent_at``; ``error`` set when the
-    request did not complete."""
+    request did not complete. ``received``, seconds from ``sent_at`` until the engine's loop took
+    the request in, is known to a simulator (a client cannot see it): a measured front end, whose
+    way to the scheduler ends at that same point, replaces the simulated wait before it."""
 
     sent_at: float
     ttft: float | None = None
     gaps: list[float] = field(default_factory=list)
     tokens: int = 0
     error: str | None = None
+    received: float | None = None
 
 
 def summarize(timings: Sequence[RequestTiming]) -> dict[str, float]:

@@ -9,7 +9,10 @@ so a batch's own end-to-end time is not a quantity the loop has). Online request
 followed from arrival -- the iteration count when SGLang queued them -- to the first batch that
 ran them, so "admitted in the next iteration" is checked in iterations, not seconds; the batch
 that admits them also records when the scheduler received each (``online_received``, wall clock),
-which splits a client's time to first token into the way to the scheduler and the scheduler's part.
+and the batch that completes a request's prompt -- the admitting one, or a later one for a prompt
+prefilled in chunks -- records that receipt again (``online_prefilled``): the batch whose end is the
+request's first token. Together they split a client's time to first token into the way to the
+scheduler, the scheduler's part and the way back.
 
 The last records are published in ``/server_info``; with the settings' ``iteration_log`` set,
 every record is also appended to that JSONL file (what `sgl-blend profile --latency` fits on).
@@ -43,7 +46,7 @@ def batch_composition(batch: Any) -> tuple[BatchShape, dict[str, int]]:
         offline = sum(1 for req in reqs if is_offline(req.routing_key))
         counts["offline_decode"], counts["online_decode"] = offline, len(reqs) - offline
         return BatchShape.of((), [int(context) for context in seq_lens]), counts
-    decoding = {id(req) for req in (batch.decoding_reqs or ())} if batch.forward_mode.is_mixed() else set()
+    decoding = _mixed_decodes(batch)
     extends, contexts = [], []
     for req, extend, prefix in zip(reqs, batch.extend_lens, batch.prefix_lens):
         if id(req) in decoding:
@@ -53,6 +56,30 @@ def batch_composition(batch: Any) -> tuple[BatchShape, dict[str, int]]:
             extends.append((int(extend), int(prefix)))
             counts[_kind(req) + "_prefill"] += 1
     return BatchShape.of(extends, contexts), counts
+
+
+def _mixed_decodes(batch: Any) -> set[int]:
+    """Ids of the requests an extend batch decodes (a mixed batch's; none otherwise)."""
+    return {id(req) for req in (batch.decoding_reqs or ())} if batch.forward_mode.is_mixed() else set()
+
+
+def _online_extends(batch: Any) -> list[tuple[Any, int]]:
+    """The online requests ``batch`` prefills, each with the tokens its sequence will then hold."""
+    if batch.forward_mode.is_decode():
+        return []
+    decoding = _mixed_decodes(batch)
+    return [
+        (req, int(prefix) + int(extend))
+        for req, extend, prefix in zip(batch.reqs, batch.extend_lens, batch.prefix_lens)
+        if id(req) not in decoding and not is_offline(req.routing_key)
+    ]
+
+
+def _bound(tracked: dict[str, Any]) -> None:
+    """Requests aborted before they ran (or before their prompt was prefilled) are dropped oldest
+    first past a bound."""
+    if len(tracked) > MAX_TRACKED_ARRIVALS:
+        del tracked[next(iter(tracked))]
 
 
 def _synchronize_device() -> None:
@@ -72,6 +99,8 @@ class IterationRecorder:
         self.admissions: deque[dict[str, Any]] = deque(maxlen=KEPT_RECORDS)
         # rid -> (batches run before it was queued, wall time it was queued)
         self._arrived: dict[str, tuple[int, float]] = {}
+        # rid -> wall time it was queued, for an online prompt admitted and not yet fully prefilled
+        self._prefilling: dict[str, float] = {}
         self._open: dict[str, Any] | None = None
         self._last_launch: float | None = None
         self._log: TextIO | None = open(log_path, "a") if log_path else None
@@ -83,11 +112,9 @@ class IterationRecorder:
         self._last_launch = None
 
     def arrived(self, rid: str, iterations_so_far: int) -> None:
-        """An online request entered the waiting queue after ``iterations_so_far`` batches.
-        Requests aborted before they ran are dropped oldest first past a bound."""
+        """An online request entered the waiting queue after ``iterations_so_far`` batches."""
         self._arrived.setdefault(rid, (iterations_so_far, time.time()))
-        if len(self._arrived) > MAX_TRACKED_ARRIVALS:
-            del self._arrived[next(iter(self._arrived))]
+        _bound(self._arrived)
 
     def begin(self, batch: Any, iteration: int) -> None:
         """Before the forward; ``iteration`` is the number SGLang is about to give the batch."""
@@ -99,11 +126,8 @@ class IterationRecorder:
             **counts,
             **self.plan_summary,
         }
-        admitted = []
-        decoding = {id(req) for req in (batch.decoding_reqs or ())}
-        for req in batch.reqs:
-            if id(req) in decoding or is_offline(req.routing_key):
-                continue
+        admitted, prefilled = [], []
+        for req, extended in _online_extends(batch):
             arrival = self._arrived.pop(req.rid, None)
             if arrival is not None:
                 iterations, received = arrival
@@ -111,10 +135,16 @@ class IterationRecorder:
                 admitted.append(
                     {"rid": req.rid, "arrived_after": iterations, "scheduled_in": scheduled, "received": received}
                 )
+                self._prefilling[req.rid] = received
+                _bound(self._prefilling)
+            if extended >= len(req.origin_input_ids) + len(req.output_ids) and req.rid in self._prefilling:
+                prefilled.append(round(self._prefilling.pop(req.rid), 4))
         if admitted:
             record["online_admitted"] = len(admitted)
             record["online_received"] = [round(admission["received"], 4) for admission in admitted]
             self.admissions.extend(admitted)
+        if prefilled:
+            record["online_prefilled"] = prefilled
         now = time.perf_counter()
         if self._last_launch is not None:
             record["period_s"] = round(now - self._last_launch, 6)

@@ -59,6 +59,10 @@ class _Recorder:
     def arrived(self, rid: str, realtime: bool, now: float) -> None:
         pass
 
+    def received(self, rid: str, now: float) -> None:
+        timing = self.timings[rid]
+        timing.received = now - timing.sent_at
+
     def token(self, rid: str, now: float) -> None:
         timing = self.timings.get(rid)
         if timing is None:

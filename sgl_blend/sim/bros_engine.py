@@ -81,6 +81,10 @@ class TokenListener(Protocol):
 
     def arrived(self, rid: str, realtime: bool, now: float) -> None: ...
 
+    def received(self, rid: str, now: float) -> None:
+        """The engine's loop took an RT request in, at its first iteration after the arrival."""
+        ...
+
     def token(self, rid: str, now: float) -> None: ...
 
     def finished(self, rid: str, now: float) -> None: ...
@@ -349,6 +353,8 @@ def simulate(
             request = BrosRequest(arrival.rid, True, arrival.at, arrival.prompt_len)
             live[request.rid] = request
             submit(request, arrival.output_len, arrival.at)
+            for watcher in watchers:
+                watcher.received(request.rid, now)
         batch, swap = policy.step(now)
         if not batch:
             # Nothing can run (nothing waiting, or no room for what is): idle until the next arrival.

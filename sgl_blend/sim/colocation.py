@@ -270,7 +270,9 @@ class _ColocatedRun:
     def _take_arrivals(self) -> None:
         while self.next_arrival < len(self.arrivals) and self.arrivals[self.next_arrival].at <= self.now:
             arrival = self.arrivals[self.next_arrival]
-            self.waiting_online.append(_Active(arrival.request, True, arrival.at, self.timings[self.next_arrival]))
+            timing = self.timings[self.next_arrival]
+            timing.received = self.now - arrival.at
+            self.waiting_online.append(_Active(arrival.request, True, arrival.at, timing))
             self.next_arrival += 1
 
     def _idle_until_next_event(self) -> None:

@@ -194,6 +194,9 @@ def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_
     result = run_bros(arrivals, offline, device, IterationCost(setup.bros_model, setup.swap), settings, DURATION_S)
     assert [timing.tokens for timing in result.online] == [arrival.request.output_len for arrival in arrivals]
     assert all(timing.ttft is not None and timing.ttft >= 0 for timing in result.online)
+    # Taken in at the loop's next iteration: some wait for the one under way, none past their token.
+    assert all(0 <= timing.received < timing.ttft for timing in result.online)
+    assert any(timing.received > 0 for timing in result.online)
     assert result.seconds >= DURATION_S and 0 < device.busy_s <= result.seconds
     # Every offline request finished: its prompt and its output counted exactly once.
     assert result.counts["offline_finished"] == len(offline)
@@ -276,6 +279,35 @@ def test_the_sim_check_reads_the_engines_part_of_a_replay_from_its_records() -> 
     assert spread([0.0] * 10 + [1.0] * 90) == pytest.approx(1.0) and spread([0.5] * 5) == 0.0
     with pytest.raises(ValueError, match="admit 3 online requests, its trace has 2"):
         scheduler_first_tokens(records, run, arrivals[:2])
+
+
+def test_the_engines_token_gaps_are_its_batches_periods_once_per_online_decode() -> None:
+    """Two online decodes in a batch are two tokens that waited its period; a batch after an idle
+    spell has no period, and one without online decodes adds no online token."""
+    from bench.colocation_sim_check import engine_token_gaps
+
+    records = [{"period_s": 0.01, "online_decode": 2}, {"online_decode": 3}, {"period_s": 0.02, "online_decode": 0},
+               {"period_s": 0.03, "online_decode": 1}]
+    assert engine_token_gaps(records) == [0.01, 0.01, 0.03]
+
+
+def test_the_same_run_check_reads_the_schedulers_first_tokens_inside_the_replay() -> None:
+    """Time to first token on the scheduler runs from receipt to the batch that completed the prompt
+    (``online_prefilled``), a later one for a chunked prompt; records outside the replay's window
+    count for nothing."""
+    from bench.colocation_same_run import emulated
+
+    row = {"ttft_p99": 0.05, "tbt_p99": 0.02, "window_wall": [100.0, 101.0], "window_s": 1.0}
+    records = [
+        {"wall": 99.9, "offline_decode": 40, "online_prefilled": [99.0]},  # before the replay
+        {"wall": 100.010, "offline_decode": 5, "online_received": [100.004], "online_prefilled": [100.004]},
+        {"wall": 100.100, "offline_decode": 5, "online_received": [100.060], "online_decode": 1, "period_s": 0.02},
+        {"wall": 100.140, "offline_decode": 5, "online_prefilled": [100.060], "online_decode": 1, "period_s": 0.04},
+    ]
+    figures = emulated(row, records)
+    assert figures["scheduler_ttft_p99"] == pytest.approx(0.006 + 0.99 * (0.080 - 0.006))
+    assert figures["engine_tbt_p99"] == pytest.approx(0.02 + 0.99 * 0.02)
+    assert figures["engine_offline_tokens_per_s"] == 15.0 and figures["ttft_p99"] == 0.05
 
 
 def test_the_sim_check_flags_a_difference_over_10_percent_and_one_outside_the_seeds() -> None:

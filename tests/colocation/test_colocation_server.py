@@ -33,6 +33,7 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.server
 
 KV_TOKENS = 4096
+ECHO_CHUNK = 2048
 VOCAB = 1024
 RESET = "sgl_blend_reset_records"
 # A stand-in latency model (1 ms + 10 µs per prefill token): this module checks mechanics, not timing.
@@ -59,9 +60,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def echo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Echo mode with deadlines this CPU meets without trouble, and two request slots, so requests
-    wait for a slot together and the selector's choice among them shows in who gets it."""
+    wait for a slot together and the selector's choice among them shows in who gets it; a prefill
+    chunk smaller than the pool, so a prompt can take two."""
     process = launch(tmp_path_factory, ColocationConfig(mode="echo", ttft_slo_s=30.0, tpot_slo_s=5.0,
-                                                        latency_model=MODEL), "--max-running-requests", "2")
+                                                        latency_model=MODEL), "--max-running-requests", "2",
+                     "--chunked-prefill-size", str(ECHO_CHUNK))
     yield process
     process.stop()
 
@@ -142,6 +145,8 @@ def test_online_requests_are_admitted_in_the_next_iteration_under_offline_satura
     busy = {record["iteration"]: record for record in state["iterations"]}
     admitting = busy[admissions[online_ids[0]]["scheduled_in"]]
     assert round(admissions[online_ids[0]]["received"], 4) in admitting["online_received"], admitting
+    # one chunk holds its prompt: the batch that admits it makes its first token
+    assert round(admissions[online_ids[0]]["received"], 4) in admitting["online_prefilled"], admitting
     first_arrival = busy[admissions[online_ids[0]]["arrived_after"]]
     assert first_arrival["offline_decode"] + first_arrival["offline_prefill"] >= 6, first_arrival
 
@@ -298,3 +303,19 @@ def test_echo_decisions_reach_the_engine_with_online_requests(echo_server: Serve
     assert counts.get("slots_reclaimed", 0) > 0, counts
     assert counts.get("echo_keep_decode", 0) > 0 and counts.get("echo_add_prefill", 0) >= 8, counts
     assert counts.get("echo_add_resume", 0) > 0, counts
+
+
+def test_a_prompt_prefilled_in_chunks_has_its_first_token_in_its_last_chunks_batch(echo_server: ServerProcess) -> None:
+    """A 3,000-token online prompt on an idle engine whose chunk is 2,048 tokens: one batch admits
+    it, a later one completes it, and the iteration log records the receipt in both, so a client's
+    time to first token splits at the batch that made the token."""
+    assert set_state(echo_server, {RESET: 1})
+    answer = generate(echo_server, tokens(3000, 51), 4, offline=False)
+    state = plugin_state(echo_server)
+    (admission,) = [entry for entry in state["online_admissions"] if entry["rid"] == answer["meta_info"]["id"]]
+    received = round(admission["received"], 4)
+    (admitting,) = [record for record in state["iterations"] if received in record.get("online_received", ())]
+    (prefilled,) = [record for record in state["iterations"] if received in record.get("online_prefilled", ())]
+    assert admitting["prefill_tokens"] <= ECHO_CHUNK < 3000 and prefilled["iteration"] > admitting["iteration"]
+    between = range(admitting["iteration"], prefilled["iteration"] + 1)
+    assert sum(record["prefill_tokens"] for record in state["iterations"] if record["iteration"] in between) == 3000

@@ -79,6 +79,9 @@ def test_every_online_request_completes_with_its_full_output(latency_model: dict
     result, controller = run(latency_model, budget_s=0.006)
     assert [timing.tokens for timing in result.online] == [a.request.output_len for a in arrivals]
     assert all(timing.ttft is not None and timing.ttft >= 0 for timing in result.online)
+    # Taken in at the loop's next iteration: some wait for the one under way, none past their token.
+    assert all(0 <= timing.received < timing.ttft for timing in result.online)
+    assert any(timing.received > 0 for timing in result.online)
     assert len(controller.views) == result.iterations
     assert result.offline_tokens_per_s() > 0
 

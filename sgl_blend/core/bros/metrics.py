@@ -48,6 +48,10 @@ class ServiceMetrics:
     def arrived(self, rid: str, realtime: bool, now: float) -> None:
         self._live[rid] = _Live(realtime, now)
 
+    def received(self, rid: str, now: float) -> None:
+        """Latency counts from arrival, as a client's does: when the loop took a request in
+        changes nothing here."""
+
     def token(self, rid: str, now: float, count: int = 1) -> None:
         """``count`` tokens of ``rid`` became visible at ``now`` (a stream chunk may carry several;
         the gaps between them are spread evenly)."""
