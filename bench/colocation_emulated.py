@@ -216,14 +216,16 @@ def trial(
     priority: bool = False,
     sent: list[tuple[float, float | None]] | None = None,
 ) -> dict[str, Any]:
-    """One replay: its online latencies, the offline batch's output tokens/s over the replay's
-    window, the emulated device's busy share and how late the host delivered its batches (the
-    pacer's ``behind_s``: host time the device would not have waited on a GPU server's host). A
-    replay that raises counts as missing every SLO. ``sent`` receives each online request's send
-    (wall clock) and time to first token, in the trace's order."""
+    """One replay, from an idle engine with an empty prefix cache: its online latencies, the
+    offline batch's output tokens/s over the replay's window, the emulated device's busy share and
+    how late the host delivered its batches (the pacer's ``behind_s``: host time the device would
+    not have waited on a GPU server's host). A replay that raises counts as missing every SLO.
+    ``sent`` receives each online request's send (wall clock) and time to first token, in the
+    trace's order."""
     engine.wait_idle(IDLE_QUIET_S, IDLE_TIMEOUT_S)
     url = engine.server.base_url
     try:
+        engine.flush_cache()
         if offline is not None:
             validated_s = offline.start()
             tokens_before = offline.output_tokens()
