@@ -3,9 +3,8 @@ simulated with that replay's own host gaps and front end.
 
 `bench.colocation_sim_check` predicts the judge's evaluation seeds from what was measured on
 another run, so where it misses, the simulated engine and this host's run-to-run drift are mixed
-up: the same configuration at the same knob committed 2,784 offline tok/s on the judge's
-evaluation seeds (mean) and 4,416 on the tuning seed's probe. Here nothing differs between the
-two sides but the engine: the trace (the tuning seed's, as replayed), the offline batch, the host
+up (on this 2-core host one configuration at one knob can move a third more or less offline work
+from one run to the next). Here nothing differs between the two sides but the engine: the trace (the tuning seed's, as replayed), the offline batch, the host
 gaps after each batch and the two crossings outside the scheduler are the replay's own. What
 differs beyond 10% is the simulated engine's, or what it does not model.
 
@@ -30,10 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bench.colocation_emulated import TUNE_SEED, latency_fit, parse_args
-from bench.colocation_sim_check import FLAG, RESULTS, Simulator, engine_token_gaps, host_gaps, online_arrivals
+from bench.colocation_sim_check import FLAG, RESULTS, Simulator, engine_figures, host_gaps, in_replay, online_arrivals
 from sgl_blend.measure.latency_profile import read_records
 from sgl_blend.sim.front_end import FrontEnd
 
@@ -42,16 +39,12 @@ COMPARED = ("ttft_p99", "scheduler_ttft_p99", "tbt_p99", "engine_tbt_p99", "engi
 
 def emulated(row: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, float]:
     """A probe replay's figures: the client's from the probe, the engine's from its records inside
-    the replay's window (``window_wall``)."""
-    start, end = row["window_wall"]
-    window = [record for record in records if start <= record["wall"] <= end]
-    first_tokens = [record["wall"] - received for record in window for received in record.get("online_prefilled", ())]
+    the replay's window."""
+    window = [record for record in records if in_replay(record, row)]
     return {
         "ttft_p99": row["ttft_p99"],
         "tbt_p99": row["tbt_p99"],
-        "scheduler_ttft_p99": float(np.percentile(first_tokens, 99)),
-        "engine_tbt_p99": float(np.percentile(engine_token_gaps(window), 99)),
-        "engine_offline_tokens_per_s": sum(record["offline_decode"] for record in window) / row["window_s"],
+        **engine_figures(window, row["window_s"], row["requests"]),
     }
 
 

@@ -29,21 +29,21 @@ Offline throughput is output tokens on both sides: the judge counts the batch's 
 tokens (its usage), so the simulator's figure is its offline output tokens alone
 (`ColocatedResult.offline_output_tokens_per_s`), not prompts and outputs.
 
-Two figures split what the client sees into the engine's part and the rest, from the emulated
+Three figures split what the client sees into the engine's part and the rest, from the emulated
 run's iteration records in each replay's window:
 
 - ``engine_offline_tokens_per_s``: the offline tokens the engine decoded (``offline_decode``,
   one token per offline request per batch; a prompt's first token, one per line, is left out).
   The Batch API commits a line's tokens when the line ends, so lines still running or parked when
   the replay ends have decoded tokens it has not counted yet.
-- ``scheduler_ttft_spread``: P99 less P1 of each online request's time from its send to the end
-  of the batch that admitted it (its first token, for a prompt that fits one chunk). Online
-  requests are admitted first come, first served, so the k-th admission is the k-th request
-  sent. The spread cancels the replay's start (recorded to a tenth of a second) and the constant
-  part of the path. The simulator's counterpart is the spread of its TTFT, which has no front end:
-  where the emulated spread is larger, the requests waited before the scheduler had them (SGLang's
-  own log shows its waiting queue empty at every online-only prefill), or in the scheduler's
-  queue; what the client's P99 adds beyond it is the way back (detokenizer, HTTP, client).
+- ``scheduler_ttft_p99``: P99 of each online request's time from the scheduler's receipt to the
+  end of the batch that completed its prompt (`scheduler_ttfts`), the scheduler's part of a time
+  to first token. The simulator's counterpart is its engine's time from taking a request in to
+  its first token (``RequestTiming.received``); what the client's P99 adds beyond it is the front
+  end (HTTP, tokenizer manager and detokenizer, the client).
+- ``engine_tbt_p99``: per online token decoded, its batch's launch-to-launch period
+  (`engine_token_gaps`): the time between a request's tokens before the way back to the client,
+  which the simulated TBT is.
 
 Each mode's knob search is also run in the simulator on the tuning trace, with and without the
 host, beside the knob the emulated search chose: what ``--sim-first`` in the judge starts from.
@@ -107,7 +107,7 @@ from sgl_blend.workloads.paper_lines import paper_requests
 RESULTS = Path(__file__).parent / "results"
 # What the client measures (the judge's report), and what the iteration records say of the engine.
 CLIENT_METRICS = ("ttft_p99", "tbt_p99", "offline_tokens_per_s")
-ENGINE_METRICS = ("engine_offline_tokens_per_s", "scheduler_ttft_spread", "engine_tbt_p99")
+ENGINE_METRICS = ("engine_offline_tokens_per_s", "scheduler_ttft_p99", "engine_tbt_p99")
 COMPARED = CLIENT_METRICS + ENGINE_METRICS
 # The simulations of a row, as the report names them: no host, this host's gaps from the evaluation
 # replays, and host and front end measured on the tuning seed.
@@ -183,11 +183,6 @@ def host_gaps(config: str, records: list[dict[str, Any]], runs: list[dict[str, A
     return HostGaps.measure(records, keep)
 
 
-def engine_offline_tokens_per_s(records: list[dict[str, Any]], run: dict[str, Any]) -> float:
-    """Offline tokens the emulated engine decoded during ``run``'s replay, per second."""
-    return sum(record["offline_decode"] for record in records if in_replay(record, run)) / run["window_s"]
-
-
 def engine_token_gaps(records: Sequence[dict[str, Any]]) -> list[float]:
     """Per online token a batch decoded, that batch's launch-to-launch period: the engine's time
     between an online request's tokens (an online decode is never parked, so it ran in the batch
@@ -195,42 +190,37 @@ def engine_token_gaps(records: Sequence[dict[str, Any]]) -> list[float]:
     return [record["period_s"] for record in records if "period_s" in record for _ in range(record["online_decode"])]
 
 
-def scheduler_first_tokens(
-    records: list[dict[str, Any]], run: dict[str, Any], arrivals: Sequence[OnlineArrival]
-) -> list[float]:
-    """Per online request of ``run``'s replay, seconds from its send (``arrivals``, the replayed
-    trace) to the end of the batch that admitted it, less the replay's rounded start; in arrival
-    order, as the engine admits them. Raises when the records admit other than the trace's requests."""
-    admitted = [
-        record["wall"] for record in records if in_replay(record, run) for _ in range(record.get("online_admitted", 0))
-    ]
-    if len(admitted) != len(arrivals):
-        raise ValueError(f"the replay's records admit {len(admitted)} online requests, its trace has {len(arrivals)}")
-    return [wall - run["started_wall"] - arrival.at for wall, arrival in zip(admitted, arrivals)]
+def scheduler_ttfts(records: Sequence[dict[str, Any]]) -> list[float]:
+    """Per online request whose prompt a batch of ``records`` completed (``online_prefilled``),
+    seconds from the scheduler's receipt to that batch's end: its first token, on the scheduler."""
+    return [record["wall"] - received for record in records for received in record.get("online_prefilled", ())]
+
+
+def engine_figures(records: Sequence[dict[str, Any]], window_s: float, requests: int) -> dict[str, float]:
+    """The engine's figures of one replay from its iteration ``records`` (those of its window,
+    ``window_s`` long). Raises when they hold other than the replay's ``requests`` first tokens."""
+    first_tokens = scheduler_ttfts(records)
+    if len(first_tokens) != requests:
+        raise ValueError(f"the replay's records hold {len(first_tokens)} first tokens, it sent {requests} requests")
+    return {
+        "engine_offline_tokens_per_s": sum(record["offline_decode"] for record in records) / window_s,
+        "scheduler_ttft_p99": float(np.percentile(first_tokens, 99)),
+        "engine_tbt_p99": float(np.percentile(engine_token_gaps(records), 99)),
+    }
 
 
 def emulated_figures(
     runs: list[dict[str, Any]], records: list[dict[str, Any]], traces: list[Sequence[OnlineArrival]]
 ) -> list[dict[str, float]]:
     """Per evaluation run (replayed from its trace): the client's figures, as the judge reported
-    them, and the engine's, from the server's iteration ``records``."""
+    them, and the engine's, from the server's iteration ``records`` in the replay's window."""
     return [
         {
             **{metric: run[metric] for metric in CLIENT_METRICS},
-            "engine_offline_tokens_per_s": engine_offline_tokens_per_s(records, run),
-            "scheduler_ttft_spread": spread(scheduler_first_tokens(records, run, trace)),
-            "engine_tbt_p99": float(
-                np.percentile(engine_token_gaps([record for record in records if in_replay(record, run)]), 99)
-            ),
+            **engine_figures([record for record in records if in_replay(record, run)], run["window_s"], len(trace)),
         }
         for run, trace in zip(runs, traces, strict=True)
     ]
-
-
-def spread(seconds: Sequence[float]) -> float:
-    """P99 less P1: a latency tail without the latency every request has."""
-    low, high = np.percentile(seconds, [1, 99])
-    return float(high - low)
 
 
 def figures(
@@ -238,9 +228,7 @@ def figures(
 ) -> dict[str, Any]:
     """A simulated run's figures, under the names of the emulated ones they are compared with: its
     offline tokens and its TBT are the engine's (the front end moves first tokens only), its TTFT
-    spread the scheduler's (from send) and its P99 TTFT from receipt the scheduler's from receipt;
-    the client's TTFT crosses the front end when ``front`` is given."""
-    engine_ttfts = [timing.ttft for timing in online if timing.ttft is not None]
+    from receipt the scheduler's; the client's TTFT crosses the front end when ``front`` is given."""
     from_receipt = [
         timing.ttft - timing.received for timing in online if timing.ttft is not None and timing.received is not None
     ]
@@ -249,7 +237,6 @@ def figures(
         **summarized,
         "offline_tokens_per_s": offline_tokens_per_s,
         "engine_offline_tokens_per_s": offline_tokens_per_s,
-        "scheduler_ttft_spread": spread(engine_ttfts),
         "scheduler_ttft_p99": float(np.percentile(from_receipt, 99)),
         "engine_tbt_p99": summarized["tbt_p99"],
     }
@@ -477,7 +464,7 @@ def markdown(result: dict[str, Any]) -> str:
         "Each figure: emulated / sim / sim with host (gaps of the evaluation replays) / sim with host "
         "and front end (both measured on the tuning seed, `bench.front_end`).",
         "",
-        "| load | config | P99 TTFT ms | scheduler's TTFT P99-P1 ms | P99 TBT ms | engine's P99 TBT ms "
+        "| load | config | P99 TTFT ms | scheduler's P99 TTFT ms | P99 TBT ms | engine's P99 TBT ms "
         "| offline tok/s committed | offline tok/s decoded | host late "
         "| last sim: over 10%; outside the emulated seeds' range |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -499,7 +486,7 @@ def markdown(result: dict[str, Any]) -> str:
             )
         lines.append(
             f"| {row['share']:.0%} | {row['config']} | {shown('ttft_p99', 1000, 0)} | "
-            f"{shown('scheduler_ttft_spread', 1000, 0)} | {shown('tbt_p99', 1000, 1)} | "
+            f"{shown('scheduler_ttft_p99', 1000, 1)} | {shown('tbt_p99', 1000, 1)} | "
             f"{shown('engine_tbt_p99', 1000, 1)} | "
             f"{shown('offline_tokens_per_s', 1, 0)} | {shown('engine_offline_tokens_per_s', 1, 0)} | "
             f"{row['host_late_share']:.1%} | {over} |"

@@ -260,25 +260,28 @@ def test_the_judges_simulator_tunes_a_mode_against_the_loads_targets() -> None:
 
 
 def test_the_sim_check_reads_the_engines_part_of_a_replay_from_its_records() -> None:
-    """A replay started at wall 1000.0 for 2 s: its offline decodes per second, and its online
-    requests' times from send to the batch that admitted them, matched first come, first served;
-    a batch outside the window counts for neither, and a trace the records do not match is refused."""
-    from bench.colocation_sim_check import engine_offline_tokens_per_s, scheduler_first_tokens, spread
+    """A replay started at wall 1000.0 for 2 s, three online requests: offline decodes per second,
+    the scheduler's time from each request's receipt to the batch that completed its prompt (a
+    later one for a chunked prompt), the engine's periods per online token; a batch outside the
+    window counts for nothing, and records that hold other than the replay's first tokens are
+    refused."""
+    from bench.colocation_sim_check import emulated_figures
     from sgl_blend.sim.colocation import OnlineArrival
 
-    run = {"started_wall": 1000.0, "window_s": 2.0}
+    run = {"started_wall": 1000.0, "window_s": 2.0, "ttft_p99": 0.1, "tbt_p99": 0.02, "offline_tokens_per_s": 9.0}
     records = [
-        {"wall": 999.5, "offline_decode": 50, "online_admitted": 1},  # the previous replay's
-        {"wall": 1000.02, "offline_decode": 10, "online_admitted": 1},
-        {"wall": 1001.31, "offline_decode": 30, "online_admitted": 2},
-        {"wall": 1001.9, "offline_decode": 20},
+        {"wall": 999.5, "offline_decode": 50, "online_prefilled": [999.4]},  # the previous replay's
+        {"wall": 1000.02, "offline_decode": 10, "online_prefilled": [1000.01], "online_decode": 0},
+        {"wall": 1001.31, "offline_decode": 30, "online_prefilled": [1001.21, 1001.3], "online_decode": 0},
+        {"wall": 1001.9, "offline_decode": 20, "online_decode": 2, "period_s": 0.012},
     ]
-    arrivals = [OnlineArrival(at, SimRequest(f"on-{at}", "online", (), 10, 5, 5, True)) for at in (0.0, 1.2, 1.3)]
-    assert engine_offline_tokens_per_s(records, run) == 30.0
-    assert scheduler_first_tokens(records, run, arrivals) == pytest.approx([0.02, 0.11, 0.01])
-    assert spread([0.0] * 10 + [1.0] * 90) == pytest.approx(1.0) and spread([0.5] * 5) == 0.0
-    with pytest.raises(ValueError, match="admit 3 online requests, its trace has 2"):
-        scheduler_first_tokens(records, run, arrivals[:2])
+    trace = [OnlineArrival(at, SimRequest(f"on-{at}", "online", (), 10, 5, 5, True)) for at in (0.0, 1.2, 1.3)]
+    (figures,) = emulated_figures([run], records, [trace])
+    assert figures["engine_offline_tokens_per_s"] == 30.0 and figures["offline_tokens_per_s"] == 9.0
+    assert figures["scheduler_ttft_p99"] == pytest.approx(0.01 + 0.98 * (0.1 - 0.01))
+    assert figures["engine_tbt_p99"] == pytest.approx(0.012)
+    with pytest.raises(ValueError, match="hold 3 first tokens, it sent 2 requests"):
+        emulated_figures([run], records, [trace[:2]])
 
 
 def test_the_engines_token_gaps_are_its_batches_periods_once_per_online_decode() -> None:
@@ -297,7 +300,7 @@ def test_the_same_run_check_reads_the_schedulers_first_tokens_inside_the_replay(
     count for nothing."""
     from bench.colocation_same_run import emulated
 
-    row = {"ttft_p99": 0.05, "tbt_p99": 0.02, "window_wall": [100.0, 101.0], "window_s": 1.0}
+    row = {"ttft_p99": 0.05, "tbt_p99": 0.02, "started_wall": 100.0, "window_s": 1.0, "requests": 2}
     records = [
         {"wall": 99.9, "offline_decode": 40, "online_prefilled": [99.0]},  # before the replay
         {"wall": 100.010, "offline_decode": 5, "online_received": [100.004], "online_prefilled": [100.004]},
