@@ -29,8 +29,6 @@ import json
 import math
 import random
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ from typing import Any
 
 from bench import seed_judge
 from sgl_blend.batch_lines.lines import BatchLine, parse_line
+from sgl_blend.client import http
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.latency_model import load_model
 from sgl_blend.launch.colocation import colocation_launch, with_free_port
@@ -124,11 +123,10 @@ class Engine:
     def flush_cache(self) -> None:
         """Empty the prefix cache (SGLang's ``/flush_cache``, which only an idle engine takes), so a
         replay's prompts are new to the server, as a user's are, whatever ran before."""
-        request = urllib.request.Request(f"{self.server.base_url}/flush_cache", method="POST")
-        try:
-            urllib.request.urlopen(request, timeout=60).close()
-        except urllib.error.HTTPError as error:
-            raise RuntimeError(f"the prefix cache was not flushed: {error.read().decode().strip()}") from error
+        with http.client(self.server.base_url) as client:
+            response = client.post("/flush_cache")
+        if response.is_error:
+            raise RuntimeError(f"the prefix cache was not flushed: {response.text.strip()}")
 
     def size(self) -> int:
         return self.records.stat().st_size if self.records.exists() else 0

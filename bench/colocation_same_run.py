@@ -4,9 +4,10 @@ simulated with that replay's own host gaps and front end.
 `bench.colocation_sim_check` predicts the judge's evaluation seeds from what was measured on
 another run, so where it misses, the simulated engine and this host's run-to-run drift are mixed
 up (on this 2-core host one configuration at one knob can move a third more or less offline work
-from one run to the next). Here nothing differs between the two sides but the engine: the trace (the tuning seed's, as replayed), the offline batch, the host
-gaps after each batch and the two crossings outside the scheduler are the replay's own. What
-differs beyond 10% is the simulated engine's, or what it does not model.
+from one run to the next). Here nothing differs between the two sides but the engine: the trace
+(the tuning seed's, as replayed), the offline batch, the host gaps after each batch and the two
+crossings outside the scheduler are the replay's own. What differs beyond 10% is the simulated
+engine's, or what it does not model.
 
 Per replay, emulated against simulated:
 - the client's P99 TTFT (simulated: the engine's time from receipt, plus one measured request's
@@ -29,9 +30,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.colocation_emulated import TUNE_SEED, latency_fit, parse_args
-from bench.colocation_sim_check import FLAG, RESULTS, Simulator, engine_figures, host_gaps, in_replay, online_arrivals
-from sgl_blend.measure.latency_profile import read_records
+from bench.colocation_emulated import TUNE_SEED
+from bench.colocation_sim_check import (
+    FLAG,
+    RESULTS,
+    Simulator,
+    differences,
+    engine_figures,
+    host_gaps,
+    in_replay,
+    iteration_log,
+    online_arrivals,
+    over_flag,
+)
 from sgl_blend.sim.front_end import FrontEnd
 
 COMPARED = ("ttft_p99", "scheduler_ttft_p99", "tbt_p99", "engine_tbt_p99", "engine_offline_tokens_per_s")
@@ -48,21 +59,8 @@ def emulated(row: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, fl
     }
 
 
-def difference(emulated_figures: dict[str, float], simulated: dict[str, float]) -> dict[str, float | None]:
-    return {
-        metric: (simulated[metric] - emulated_figures[metric]) / emulated_figures[metric]
-        if emulated_figures[metric]
-        else None
-        for metric in COMPARED
-    }
-
-
 def check(report: dict[str, Any], probe: dict[str, Any], work: Path) -> dict[str, Any]:
-    args = parse_args(
-        ["--seed", str(report.get("seed", 0)), "--offline-trace", report["offline_trace"]]
-        + ["--offline-lines", str(report["offline_lines"])]
-    )
-    simulator = Simulator.of(args, *latency_fit(args))
+    simulator = Simulator.for_report(report)
     cells = {cell["share"]: cell for cell in report["cells"]}
     rows = []
     for row in probe["rows"]:
@@ -70,12 +68,12 @@ def check(report: dict[str, Any], probe: dict[str, Any], work: Path) -> dict[str
         arrivals = online_arrivals(report, cell["rate_per_s"], TUNE_SEED, simulator.tokenizer, probe["requests"])
         if len(arrivals) != row["requests"]:
             raise ValueError(f"{row['config']}: {len(arrivals)} requests in the trace, {row['requests']} replayed")
-        records = list(read_records(work / row["records"]))
+        records = iteration_log(work / row["records"])
         front = FrontEnd(tuple((to, back) for to, back in row["delays_s"]))
         host = host_gaps(row["config"], records, [row])
         simulated = simulator.run(row["config"], row["value"], cell["targets_s"], arrivals, host, front)
         measured = emulated(row, records)
-        diff = difference(measured, simulated)
+        diff = differences(measured, simulated, COMPARED)
         result = {
             "share": row["share"],
             "config": row["config"],
@@ -83,7 +81,7 @@ def check(report: dict[str, Any], probe: dict[str, Any], work: Path) -> dict[str
             "emulated": measured,
             "simulated": {metric: simulated[metric] for metric in COMPARED},
             "difference": diff,
-            "over_10_percent": [metric for metric, value in diff.items() if value is not None and abs(value) > FLAG],
+            "over_10_percent": over_flag(diff),
         }
         print(json.dumps(result), flush=True)
         rows.append(result)

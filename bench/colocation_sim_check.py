@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 from collections.abc import Sequence
@@ -283,6 +284,15 @@ class Simulator:
             args,
         )
 
+    @classmethod
+    def for_report(cls, report: dict[str, Any]) -> Simulator:
+        """For the batch, seed and knob ranges a `bench.colocation_emulated` report ran with."""
+        args = parse_args(
+            ["--seed", str(report.get("seed", 0)), "--offline-trace", report["offline_trace"]]
+            + ["--offline-lines", str(report["offline_lines"])]
+        )
+        return cls.of(args, *latency_fit(args))
+
     def arrivals(self, trace: Sequence[OnlineRequest]) -> list[OnlineArrival]:
         return as_arrivals(trace, self.tokenizer)
 
@@ -364,9 +374,7 @@ def versus(emulated: list[dict[str, float]], sims: list[dict[str, Any]]) -> dict
     (this host's own seed-to-seed spread, as wide as the difference on some metrics)."""
     mean = {metric: statistics.fmean(run[metric] for run in emulated) for metric in COMPARED}
     simulated = {metric: statistics.fmean(sim[metric] for sim in sims) for metric in COMPARED}
-    difference = {
-        metric: (simulated[metric] - mean[metric]) / mean[metric] if mean[metric] else None for metric in COMPARED
-    }
+    difference = differences(mean, simulated, COMPARED)
     outside = [
         metric
         for metric in COMPARED
@@ -375,9 +383,31 @@ def versus(emulated: list[dict[str, float]], sims: list[dict[str, Any]]) -> dict
     return {
         "simulated": simulated,
         "difference": difference,
-        "over_10_percent": [metric for metric, diff in difference.items() if diff is not None and abs(diff) > FLAG],
+        "over_10_percent": over_flag(difference),
         "outside_seed_range": outside,
     }
+
+
+def differences(
+    emulated: dict[str, float], simulated: dict[str, float], metrics: Sequence[str]
+) -> dict[str, float | None]:
+    """Per metric, the simulated figure's difference from the emulated one, as a fraction of it
+    (None where the emulated figure is 0)."""
+    return {
+        metric: (simulated[metric] - emulated[metric]) / emulated[metric] if emulated[metric] else None
+        for metric in metrics
+    }
+
+
+def over_flag(difference: dict[str, float | None]) -> list[str]:
+    """The metrics whose difference is over `FLAG`."""
+    return [metric for metric, diff in difference.items() if diff is not None and abs(diff) > FLAG]
+
+
+@functools.cache
+def iteration_log(path: Path) -> list[dict[str, Any]]:
+    """An iteration log, read once: online-only and HyGen share theirs at every load."""
+    return list(read_records(path))
 
 
 def knob_range(args: argparse.Namespace, config: str) -> tuple[float, float]:
@@ -390,23 +420,11 @@ def knob_range(args: argparse.Namespace, config: str) -> tuple[float, float]:
 def compare(
     report: dict[str, Any], work: Path, configs: set[str] | None = None, probe: Path | None = None
 ) -> dict[str, Any]:
-    args = parse_args(
-        ["--seed", str(report.get("seed", 0)), "--offline-trace", report["offline_trace"]]
-        + ["--offline-lines", str(report["offline_lines"])]
-    )
-    simulator = Simulator.of(args, *latency_fit(args))
+    simulator = Simulator.for_report(report)
     probed: dict[tuple[float, str], dict[str, Any]] = {}
     if probe is not None:
         probed = {(row["share"], row["config"]): row for row in json.loads(probe.read_text())["rows"]}
         probe_work = probe.parent / f"{probe.stem}-work"
-    loaded: dict[Path, list[dict[str, Any]]] = {}
-
-    def records_in(path: Path) -> list[dict[str, Any]]:
-        """An iteration log, read once: online-only and HyGen share theirs at every load."""
-        if path not in loaded:
-            loaded[path] = list(read_records(path))
-        return loaded[path]
-
     rows = []
     for cell in report["cells"]:
         seeds = [FIRST_EVAL_SEED + index for index in range(report["seeds"])]
@@ -418,7 +436,7 @@ def compare(
                 continue
             searched = cell["search"].get(config)
             value = searched["value"] if searched else None
-            records = records_in(work / record_file(config, cell["share"], value))
+            records = iteration_log(work / record_file(config, cell["share"], value))
             per_seed = emulated_figures(runs, records, [arrivals[seed] for seed in seeds])
             row: dict[str, Any] = {
                 "share": cell["share"],
@@ -443,7 +461,7 @@ def compare(
             measured = probed.get((cell["share"], config))
             if measured is not None:
                 # host and front end from the probe on the tuning seed: neither seen on these seeds
-                probe_records = records_in(probe_work / measured["records"])
+                probe_records = iteration_log(probe_work / measured["records"])
                 front = FrontEnd(tuple((to, back) for to, back in measured["delays_s"]))
                 tuned_host = host_gaps(config, probe_records, [measured])
                 sims = [simulator.run(config, value, targets, arrivals[seed], tuned_host, front) for seed in seeds]
