@@ -29,6 +29,13 @@ Configurations: online-only; hygen (HyGen mode, PSM order, budget searched); hyg
 HyGen-mode engine with no budget, offline concurrency searched); echo; bros; and
 sglang-priority-searched (``--enable-priority-scheduling --schedule-policy fcfs``, online at
 priority 100, batch lines with none, which SGLang ranks lowest, offline concurrency searched).
+BROS's goal is judged at the absolute SLO, on two more: bros-at-slo (BROS with its deadlines at
+that SLO) and sglang-priority-at-slo (the priority baseline with its concurrency searched against
+it, reusing the trials of the search above).
+
+``--resume`` goes on with the report at ``--out`` (run with the same settings): it keeps the
+capacity, targets and configurations there and runs the rest. The report records when each part
+ran (``resumed_wall``): the figures depend on the host, and a later part may run on another.
 The latency model every mode uses is fitted on the emulator's own price (`ForwardPricer`), as
 `sgl-blend profile --latency` fits a real device.
 
@@ -89,6 +96,14 @@ GOALS = {"hygen": 2.0, "echo": 1.5}
 # BROS's: its best-effort tokens/s over the best SGLang's priority scheduling reached with the same
 # attainment of the absolute SLO (``--capacity-ttft`` / ``--capacity-tbt``, BROS's 400 / 100 ms).
 BROS_GOAL = 1.3
+# The configurations BROS's goal is judged on, each against the absolute SLO with no tolerance:
+# BROS with its deadlines at that SLO (k = 1, as BROS is given an RT SLO), and SGLang's priority
+# scheduling with its offline concurrency searched against it.
+BROS_AT_SLO, BASELINE_AT_SLO = "bros-at-slo", "sglang-priority-at-slo"
+AT_SLO = (BROS_AT_SLO, BASELINE_AT_SLO)
+ALL_MODES, BASELINES = (*MODES, BROS_AT_SLO), (BASELINE, "hygen-star", BASELINE_AT_SLO)
+# A configuration whose tuning trials are another's: the same server and trace at each value.
+SAME_TRIALS = {BASELINE_AT_SLO: BASELINE}
 CAPACITY_SEED, TUNE_SEED, FIRST_EVAL_SEED = 100, 200, 1
 # Before a replay: the previous one's offline work has stopped (no batch for 1 s); and after a
 # batch is validated, it has answered lines for this long (the window full) before the online
@@ -288,11 +303,16 @@ def search(
     high: float,
     resolution: float,
     start: float | None = None,
+    known: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The core SLO search of one knob against absolute targets; every trial kept. With ``start``
     (the simulator's choice), the engine checks that value first, and the search goes on above it
-    if it meets the SLO and below it if not; no value runs twice."""
+    if it meets the SLO and below it if not; no value runs twice. ``known`` are trials another
+    search measured with the same server and trace, judged here against these targets instead of
+    run again."""
     runs: dict[float, dict[str, Any]] = {}  # in the order they ran
+    for trial_run in known:
+        runs[trial_run["value"]] = {key: figure for key, figure in trial_run.items() if key != "value"}
 
     def record(value: float) -> dict[str, Any]:
         if value not in runs:
@@ -387,30 +407,47 @@ def search_and_evaluate(
     low: float,
     high: float,
 ) -> None:
-    """Each load: the knob searched on the tuning seed, then every evaluation seed at the value found."""
+    """Each load not already measured: the knob searched on the tuning seed, then every evaluation
+    seed at the value found. A configuration with one value (``low == high``) is not searched."""
     for load, cell in zip(loads, cells):
-        assert load.targets is not None and load.tolerance is not None
+        if name in cell["runs"]:  # a resumed report has it
+            continue
+        targets, tolerance = slo_of(setup, name, load)
         label = f"{name} {load.share:g} tuning"
         simulated = None
         if setup.simulator is not None and name in MODES:
             arrivals = setup.simulator.arrivals(load.tune)
-            simulated = setup.simulator.tune(name, label, load.targets, load.tolerance, arrivals)
-        found = search(
-            label,
-            lambda value, load=load: tune(value, load),
-            load.targets,
-            load.tolerance,
-            low,
-            high,
-            setup.args.resolution,
-            start=simulated["value"] if simulated else None,
-        )
+            simulated = setup.simulator.tune(name, label, targets, tolerance, arrivals)
+        if low == high:
+            found: dict[str, Any] = {"value": low, "met": None, "binding": [], "trials": []}
+        else:
+            found = search(
+                label,
+                lambda value, load=load: tune(value, load),
+                targets,
+                tolerance,
+                low,
+                high,
+                setup.args.resolution,
+                start=simulated["value"] if simulated else None,
+                known=cell["search"].get(SAME_TRIALS.get(name), {}).get("trials", ()),
+            )
         cell["search"][name] = found if simulated is None else {**found, "simulator": simulated}
         runs = evaluate(found["value"], load)
         cell["runs"][name] = [
             progress(f"{name} {load.share:g} seed {seed}", run) for seed, run in enumerate(runs, start=FIRST_EVAL_SEED)
         ]
         save(setup, cells)
+
+
+def slo_of(setup: Setup, config: str, load: Load) -> tuple[dict[str, float], float]:
+    """The targets a configuration is searched and judged against, and their tolerance: the load's
+    (from online-only), or the absolute SLO with none for the configurations BROS's goal is judged
+    on."""
+    if config in AT_SLO:
+        return setup.header["capacity_slo_s"], 0.0
+    assert load.targets is not None and load.tolerance is not None
+    return load.targets, load.tolerance
 
 
 def live_knob(
@@ -489,10 +526,15 @@ def concurrency(value: float) -> int:
     return max(1, round(value))
 
 
+def pending(cells: list[dict[str, Any]], config: str) -> bool:
+    """Some load has no runs of ``config`` yet (a resumed report can hold them all)."""
+    return any(config not in cell["runs"] for cell in cells)
+
+
 def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) -> None:
     """Every configuration but online-only and HyGen (which share the first server)."""
     args = setup.args
-    if "echo" in args.modes:
+    if "echo" in args.modes and pending(cells, "echo"):
         first = slo_scaled(1.0, loads[0].targets or {})
         with serving(setup, "echo", hygen_settings(setup, "echo", **first), [], args.mode_max_inflight) as (
             engine,
@@ -533,11 +575,11 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
             args.low_concurrency,
             args.high_concurrency,
         )
-    if BASELINE in args.baselines:
-        priority_args = ["--enable-priority-scheduling", "--schedule-policy", "fcfs"]
+    priority_args = ["--enable-priority-scheduling", "--schedule-policy", "fcfs"]
+    for name in (name for name in (BASELINE, BASELINE_AT_SLO) if name in args.baselines):
         fresh_server_knob(
             setup,
-            BASELINE,
+            name,
             loads,
             cells,
             lambda v, _load: (PluginSettings(offline_policy=OFF), priority_args, concurrency(v)),
@@ -545,15 +587,33 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
             args.high_concurrency,
             priority=True,
         )
+    if BROS_AT_SLO in args.modes:
+        deadlines = slo_scaled(1.0, setup.header["capacity_slo_s"])
+        fresh_server_knob(
+            setup,
+            BROS_AT_SLO,
+            loads,
+            cells,
+            lambda _k, _load: (hygen_settings(setup, "bros", **deadlines), [], args.mode_max_inflight),
+            1.0,
+            1.0,
+        )
 
 
 # Judging and reporting
 
 
-def judged(cell: dict[str, Any]) -> dict[str, Any]:
-    """Each configuration's verdict at the load, and each mode's ratio over the baseline."""
-    targets, tol = cell["targets_s"], cell["tolerance"]
-    verdicts = {config: seed_judge.verdict(config, runs, targets, tol) for config, runs in cell["runs"].items()}
+def judged(cell: dict[str, Any], absolute: dict[str, float]) -> dict[str, Any]:
+    """Each configuration's verdict at the load (those BROS's goal is judged on against the
+    ``absolute`` SLO, the rest against the load's targets), and each mode's ratio over the baseline."""
+    verdicts = {
+        config: seed_judge.verdict(
+            config,
+            runs,
+            *((absolute, 0.0) if config in AT_SLO else (cell["targets_s"], cell["tolerance"])),
+        )
+        for config, runs in cell["runs"].items()
+    }
     out: dict[str, Any] = {"verdicts": {config: v.to_dict() for config, v in verdicts.items()}}
     if BASELINE in verdicts:
         out["over_baseline"] = {
@@ -583,27 +643,30 @@ def goals(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def bros_goal(cells: list[dict[str, Any]], slo: dict[str, float]) -> dict[str, Any] | None:
-    """BROS attains the absolute SLO on 2 of 3 seeds at every load, with at least `BROS_GOAL` times
-    the best offline tokens/s SGLang's priority scheduling reached attaining it too, over every
-    concurrency it was tried at (its tuning trials and its evaluation, if that attained it on 2 of
-    3 seeds). Attaining it is at least 99% attainment: P99 TTFT within it (per request) and P99 TBT
-    within the TPOT deadline (per token, as `bench.bros` counts TPOT attainment), so it is the
-    seed judge's verdict against the SLO with no tolerance. None when BROS and the baseline did not
-    both run."""
+    """BROS with its deadlines at the absolute SLO attains it on 2 of 3 seeds at every load, with at
+    least `BROS_GOAL` times the best offline tokens/s SGLang's priority scheduling reached attaining
+    it too, over every concurrency either priority search tried (tuning trials, and each
+    evaluation that attained it on 2 of 3 seeds). Attaining it is at least 99% attainment: P99
+    TTFT within it (per request) and P99 TBT within the TPOT deadline (per token, as `bench.bros`
+    counts TPOT attainment), so it is the seed judge's verdict against the SLO with no tolerance.
+    None when BROS at the SLO and the baseline searched against it did not both run."""
     loads = []
     for cell in cells:
         runs = cell["runs"]
-        if "bros" not in runs or BASELINE not in runs:
+        if BROS_AT_SLO not in runs or BASELINE_AT_SLO not in runs:
             continue
-        bros = seed_judge.verdict("bros", runs["bros"], slo, 0.0)
-        baseline = seed_judge.verdict(BASELINE, runs[BASELINE], slo, 0.0)
+        bros = seed_judge.verdict(BROS_AT_SLO, runs[BROS_AT_SLO], slo, 0.0)
+        priority = [config for config in (BASELINE, BASELINE_AT_SLO) if config in runs]
         tries = [
             trial["offline_tokens_per_s"]
-            for trial in cell["search"][BASELINE]["trials"]
+            for config in priority
+            for trial in cell["search"][config]["trials"]
             if not seed_judge.violated(trial, slo, 0.0)
         ]
-        if baseline.met:
-            tries.append(baseline.offline_tokens_per_s)
+        for config in priority:
+            baseline = seed_judge.verdict(config, runs[config], slo, 0.0)
+            if baseline.met:
+                tries.append(baseline.offline_tokens_per_s)
         best = max(tries, default=None)
         loads.append(
             {
@@ -618,7 +681,7 @@ def bros_goal(cells: list[dict[str, Any]], slo: dict[str, float]) -> dict[str, A
         return None
     return {
         "goal": f"attainment >= 99% of P99 TTFT {slo['ttft_p99'] * 1000:.0f} ms / TBT {slo['tbt_p99'] * 1000:.0f} "
-        f"ms on 2 of 3 seeds, and >= {BROS_GOAL}x the best {BASELINE} attaining it, at every load",
+        f"ms on 2 of 3 seeds, and >= {BROS_GOAL}x the best priority run attaining it, at every load",
         "loads": loads,
         "met": all(load["bros_attained"] and (load["ratio"] or 0) >= BROS_GOAL for load in loads),
     }
@@ -654,10 +717,23 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {ttft} | {tbt} | {v['offline_tokens_per_s']:g} | {ratio_text} |"
             )
     lines.append("")
+    slo = report["capacity_slo_s"]
+    if report.get("resumed_wall"):
+        lines.append(
+            "- Resumed (`--resume`) at "
+            + ", ".join(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at)) for at in report["resumed_wall"])
+            + ": each run's `started_wall` says which part of the report it belongs to."
+        )
+    if any(config in cell["runs"] for cell in report["cells"] for config in AT_SLO):
+        lines.append(
+            f"- {' and '.join(AT_SLO)}: judged against the absolute SLO (P99 TTFT <= "
+            f"{slo['ttft_p99'] * 1000:.0f} ms, P99 TBT <= {slo['tbt_p99'] * 1000:.0f} ms) with no tolerance; "
+            f"{BROS_AT_SLO} has its deadlines at it (k = 1)."
+        )
     for cell in report["cells"]:
         spread = ", ".join(f"{metric} {value:.1%}" for metric, value in cell["seed_spread"].items())
         knobs = "; ".join(
-            f"{config} {found['value']:.4g}{'' if found['met'] else ' (not met on tuning)'}"
+            f"{config} {found['value']:.4g}{' (not met on tuning)' if found['met'] is False else ''}"
             for config, found in cell["search"].items()
         )
         lines.append(
@@ -696,7 +772,7 @@ def write_report(report: dict[str, Any], out: Path) -> dict[str, Any]:
     cells = report["cells"]
     for cell in cells:
         if "targets_s" in cell:
-            cell["judged"] = judged(cell)
+            cell["judged"] = judged(cell, report["capacity_slo_s"])
     report["goals"] = goals(cells)
     bros = bros_goal(cells, report["capacity_slo_s"])
     if bros is not None:
@@ -826,8 +902,12 @@ def build_setup(args: argparse.Namespace) -> Setup:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", default="hygen,echo,bros", help="co-location modes to judge")
-    parser.add_argument("--baselines", default=f"{BASELINE},hygen-star", help="baselines besides online-only")
+    parser.add_argument(
+        "--modes", default=",".join(ALL_MODES), help="co-location modes to judge, of " + ", ".join(ALL_MODES)
+    )
+    parser.add_argument(
+        "--baselines", default=",".join(BASELINES), help="baselines besides online-only, of " + ", ".join(BASELINES)
+    )
     parser.add_argument("--loads", default="0.3,0.6", help="shares of online-only's SLO capacity")
     parser.add_argument("--requests", type=int, default=1000, help="online requests per evaluation replay")
     parser.add_argument("--tune-requests", type=int, default=400, help="online requests per tuning or capacity replay")
@@ -875,6 +955,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "colocation_emulated.json")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the report at --out: keep its capacity, targets and configurations, run the rest",
+    )
+    parser.add_argument(
         "--rejudge", action="store_true", help="judge the report at --out again (its runs as they are), run nothing"
     )
     parser.add_argument(
@@ -887,11 +972,72 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     args.baselines = [b for b in args.baselines.split(",") if b]
-    unknown = set(args.modes) - set(MODES) | set(args.baselines) - {BASELINE, "hygen-star"}
+    unknown = set(args.modes) - set(ALL_MODES) | set(args.baselines) - set(BASELINES)
     if unknown:
         parser.error(f"unknown configuration(s): {', '.join(sorted(unknown))}")
     args.loads = [float(share) for share in args.loads.split(",")]
     return args
+
+
+def loads_of(setup: Setup, capacity_rate: float) -> list[Load]:
+    """Each ``--loads`` share of online-only's capacity, with its evaluation and tuning traces."""
+    args = setup.args
+    return [
+        Load(
+            share,
+            share * capacity_rate,
+            [
+                trace_of(setup, share * capacity_rate, args.requests, FIRST_EVAL_SEED + seed)
+                for seed in range(args.seeds)
+            ],
+            trace_of(setup, share * capacity_rate, args.tune_requests, TUNE_SEED),
+        )
+        for share in args.loads
+    ]
+
+
+# What a resumed report may differ in from this run: what it ran, not how.
+RESUMABLE = ("modes", "baselines", "capacity", "wall_s", "resumed_wall")
+
+
+def rounded(setting: Any) -> Any:
+    """A setting with its floats to 9 significant digits: the latency fit's errors differ in their
+    last digits from one machine's BLAS to another's."""
+    if isinstance(setting, float):
+        return float(f"{setting:.9g}")
+    if isinstance(setting, dict):
+        return {key: rounded(value) for key, value in setting.items()}
+    return setting
+
+
+def resumed(out: Path, header: dict[str, Any], shares: list[float]) -> dict[str, Any]:
+    """The report at ``out``, to go on with: the configurations it has are kept, the rest run. Its
+    settings must be this run's, or its figures and the new ones would not be one experiment."""
+    if not out.exists():
+        raise SystemExit(f"--resume: no report at {out}")
+    report = json.loads(out.read_text())
+    differ = sorted(key for key in header if key not in RESUMABLE and rounded(report.get(key)) != rounded(header[key]))
+    if [cell["share"] for cell in report["cells"]] != shares:
+        differ.append("loads")
+    if differ:
+        raise SystemExit(f"--resume: {out} was run with other settings ({', '.join(differ)}); run without --resume")
+    return report
+
+
+def go_on_with(setup: Setup) -> tuple[list[Load], list[dict[str, Any]], float]:
+    """The loads, cells and seconds of the report at ``--out``, for `--resume`; the header says
+    what the report now holds and when this part ran."""
+    args = setup.args
+    previous = resumed(args.out, setup.header, args.loads)
+    for key in ("modes", "baselines"):  # what it ran and what this run adds
+        setup.header[key] = list(dict.fromkeys([*previous[key], *setup.header[key]]))
+    setup.header["capacity"] = previous["capacity"]
+    # when each part ran: a resumed run can be on another host, which the runs' figures depend on
+    setup.header["resumed_wall"] = [*previous.get("resumed_wall", []), round(time.time(), 1)]
+    loads = loads_of(setup, previous["capacity"]["value"])
+    for load, cell in zip(loads, previous["cells"]):
+        load.targets, load.tolerance = cell["targets_s"], cell["tolerance"]
+    return loads, previous["cells"], previous.get("wall_s", 0.0)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -904,41 +1050,43 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     started = time.monotonic()
     setup = build_setup(args)
-    with serving(setup, "hygen", hygen_settings(setup, "hygen"), [], args.mode_max_inflight) as (engine, offline):
-        found = (
-            capacity(setup, engine) if args.capacity is None else {"value": args.capacity, "met": True, "given": True}
-        )
-        setup.header["capacity"] = found
-        rate = found["value"]
-        loads = [
-            Load(
-                share,
-                share * rate,
-                [trace_of(setup, share * rate, args.requests, FIRST_EVAL_SEED + seed) for seed in range(args.seeds)],
-                trace_of(setup, share * rate, args.tune_requests, TUNE_SEED),
-            )
-            for share in args.loads
-        ]
-        cells: list[dict[str, Any]] = [
-            {"share": load.share, "rate_per_s": load.rate, "online_requests": args.requests, "runs": {}, "search": {}}
-            for load in loads
-        ]
-        online_references(setup, engine, loads, cells)
-        save(setup, cells)
-        if "hygen" in args.modes:
-            live_knob(
-                setup,
-                "hygen",
-                engine,
-                offline,
-                loads,
-                cells,
-                lambda url, budget, _load: set_colocation(url, {"latency_budget_s": budget}),
-                args.low_budget_ms / 1000,
-                args.high_budget_ms / 1000,
-            )
+    loads, cells, before_s = go_on_with(setup) if args.resume else ([], [], 0.0)
+    if not cells or "hygen" in args.modes and pending(cells, "hygen"):
+        with serving(setup, "hygen", hygen_settings(setup, "hygen"), [], args.mode_max_inflight) as (engine, offline):
+            if not cells:
+                found = (
+                    capacity(setup, engine)
+                    if args.capacity is None
+                    else {"value": args.capacity, "met": True, "given": True}
+                )
+                setup.header["capacity"] = found
+                loads = loads_of(setup, found["value"])
+                cells = [
+                    {
+                        "share": load.share,
+                        "rate_per_s": load.rate,
+                        "online_requests": args.requests,
+                        "runs": {},
+                        "search": {},
+                    }
+                    for load in loads
+                ]
+                online_references(setup, engine, loads, cells)
+                save(setup, cells)
+            if "hygen" in args.modes:
+                live_knob(
+                    setup,
+                    "hygen",
+                    engine,
+                    offline,
+                    loads,
+                    cells,
+                    lambda url, budget, _load: set_colocation(url, {"latency_budget_s": budget}),
+                    args.low_budget_ms / 1000,
+                    args.high_budget_ms / 1000,
+                )
     run_configs(setup, loads, cells)
-    setup.header["wall_s"] = round(time.monotonic() - started, 1)
+    setup.header["wall_s"] = round(before_s + time.monotonic() - started, 1)
     publish(save(setup, cells), args.out)
 
 

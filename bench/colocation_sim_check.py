@@ -71,6 +71,8 @@ import numpy as np
 from bench.colocation import online_trace, sharegpt_prompts
 from bench.colocation_emulated import (
     BASELINE,
+    BASELINE_AT_SLO,
+    BROS_AT_SLO,
     DEVICE,
     FIRST_EVAL_SEED,
     MODEL,
@@ -117,7 +119,7 @@ FLAG = 0.10
 # The front end's draws: one stream, so every simulated run of a row draws the same delays.
 FRONT_END_SEED = 0
 # Configurations whose knob is the Batch API's offline concurrency: no counterpart in the simulator.
-BY_CONCURRENCY = (BASELINE, "hygen-star")
+BY_CONCURRENCY = (BASELINE, "hygen-star", BASELINE_AT_SLO)
 
 
 def as_arrivals(trace: Sequence[OnlineRequest], tokenizer: Any) -> list[OnlineArrival]:
@@ -428,13 +430,15 @@ def compare(
     rows = []
     for cell in report["cells"]:
         seeds = [FIRST_EVAL_SEED + index for index in range(report["seeds"])]
-        rate, targets = cell["rate_per_s"], cell["targets_s"]
+        rate = cell["rate_per_s"]
         arrivals = {seed: online_arrivals(report, rate, seed, simulator.tokenizer) for seed in seeds}
         tuning = online_arrivals(report, rate, TUNE_SEED, simulator.tokenizer, report["tune_requests"])
         for config, runs in cell["runs"].items():
             if configs is not None and config not in configs:
                 continue
             searched = cell["search"].get(config)
+            # BROS at the absolute SLO is the simulator's BROS with deadlines scaled from it; one k, no search
+            mode, targets = ("bros", report["capacity_slo_s"]) if config == BROS_AT_SLO else (config, cell["targets_s"])
             value = searched["value"] if searched else None
             records = iteration_log(work / record_file(config, cell["share"], value))
             per_seed = emulated_figures(runs, records, [arrivals[seed] for seed in seeds])
@@ -450,12 +454,12 @@ def compare(
                 row["why"] = "offline concurrency has no counterpart in the simulator"
                 rows.append(row)
                 continue
-            host = host_gaps(config, records, runs)
+            host = host_gaps(mode, records, runs)
             row["host_gaps"] = host.summary()
             for key, with_host in (("gpu_host", None), ("this_host", host)):
-                sims = [simulator.run(config, value, targets, arrivals[seed], with_host) for seed in seeds]
+                sims = [simulator.run(mode, value, targets, arrivals[seed], with_host) for seed in seeds]
                 row[key] = versus(per_seed, sims)
-                if searched:
+                if searched and searched["trials"]:
                     label = f"{config} {cell['share']:g} tuning{' with host' if with_host else ''}"
                     row[key]["tuned"] = simulator.tune(config, label, targets, cell["tolerance"], tuning, with_host)
             measured = probed.get((cell["share"], config))
@@ -463,8 +467,8 @@ def compare(
                 # host and front end from the probe on the tuning seed: neither seen on these seeds
                 probe_records = iteration_log(probe_work / measured["records"])
                 front = FrontEnd(tuple((to, back) for to, back in measured["delays_s"]))
-                tuned_host = host_gaps(config, probe_records, [measured])
-                sims = [simulator.run(config, value, targets, arrivals[seed], tuned_host, front) for seed in seeds]
+                tuned_host = host_gaps(mode, probe_records, [measured])
+                sims = [simulator.run(mode, value, targets, arrivals[seed], tuned_host, front) for seed in seeds]
                 row["tuning_seed"] = {**versus(per_seed, sims), "front_end": front.summary()}
             if searched:
                 row["tuned"] = {
