@@ -470,7 +470,7 @@ def compare(
                 tuned_host = host_gaps(mode, probe_records, [measured])
                 sims = [simulator.run(mode, value, targets, arrivals[seed], tuned_host, front) for seed in seeds]
                 row["tuning_seed"] = {**versus(per_seed, sims), "front_end": front.summary()}
-            if searched:
+            if searched and searched["trials"]:  # a configuration with one value has no search
                 row["tuned"] = {
                     "value": searched["value"],
                     "met": searched["met"],
