@@ -104,6 +104,8 @@ AT_SLO = (BROS_AT_SLO, BASELINE_AT_SLO)
 ALL_MODES, BASELINES = (*MODES, BROS_AT_SLO), (BASELINE, "hygen-star", BASELINE_AT_SLO)
 # A configuration whose tuning trials are another's: the same server and trace at each value.
 SAME_TRIALS = {BASELINE_AT_SLO: BASELINE}
+# The mode a configuration named otherwise runs.
+RUNS_AS = {BROS_AT_SLO: "bros"}
 CAPACITY_SEED, TUNE_SEED, FIRST_EVAL_SEED = 100, 200, 1
 # Before a replay: the previous one's offline work has stopped (no batch for 1 s); and after a
 # batch is validated, it has answered lines for this long (the window full) before the online
@@ -412,7 +414,7 @@ def search_and_evaluate(
     for load, cell in zip(loads, cells):
         if name in cell["runs"]:  # a resumed report has it
             continue
-        targets, tolerance = slo_of(setup, name, load)
+        targets, tolerance = slo_for(name, setup.header["capacity_slo_s"], load.targets, load.tolerance)
         label = f"{name} {load.share:g} tuning"
         simulated = None
         if setup.simulator is not None and name in MODES:
@@ -440,14 +442,16 @@ def search_and_evaluate(
         save(setup, cells)
 
 
-def slo_of(setup: Setup, config: str, load: Load) -> tuple[dict[str, float], float]:
+def slo_for(
+    config: str, absolute: dict[str, float], targets: dict[str, float] | None, tolerance: float | None
+) -> tuple[dict[str, float], float]:
     """The targets a configuration is searched and judged against, and their tolerance: the load's
-    (from online-only), or the absolute SLO with none for the configurations BROS's goal is judged
-    on."""
+    (``targets``, from online-only, within ``tolerance``), or the ``absolute`` SLO with none for
+    the configurations BROS's goal is judged on."""
     if config in AT_SLO:
-        return setup.header["capacity_slo_s"], 0.0
-    assert load.targets is not None and load.tolerance is not None
-    return load.targets, load.tolerance
+        return absolute, 0.0
+    assert targets is not None and tolerance is not None, "online-only ran first at every load"
+    return targets, tolerance
 
 
 def live_knob(
@@ -594,7 +598,7 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
             BROS_AT_SLO,
             loads,
             cells,
-            lambda _k, _load: (hygen_settings(setup, "bros", **deadlines), [], args.mode_max_inflight),
+            lambda _k, _load: (hygen_settings(setup, RUNS_AS[BROS_AT_SLO], **deadlines), [], args.mode_max_inflight),
             1.0,
             1.0,
         )
@@ -607,11 +611,7 @@ def judged(cell: dict[str, Any], absolute: dict[str, float]) -> dict[str, Any]:
     """Each configuration's verdict at the load (those BROS's goal is judged on against the
     ``absolute`` SLO, the rest against the load's targets), and each mode's ratio over the baseline."""
     verdicts = {
-        config: seed_judge.verdict(
-            config,
-            runs,
-            *((absolute, 0.0) if config in AT_SLO else (cell["targets_s"], cell["tolerance"])),
-        )
+        config: seed_judge.verdict(config, runs, *slo_for(config, absolute, cell["targets_s"], cell["tolerance"]))
         for config, runs in cell["runs"].items()
     }
     out: dict[str, Any] = {"verdicts": {config: v.to_dict() for config, v in verdicts.items()}}

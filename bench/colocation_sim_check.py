@@ -72,15 +72,16 @@ from bench.colocation import online_trace, sharegpt_prompts
 from bench.colocation_emulated import (
     BASELINE,
     BASELINE_AT_SLO,
-    BROS_AT_SLO,
     DEVICE,
     FIRST_EVAL_SEED,
     MODEL,
+    RUNS_AS,
     TUNE_SEED,
     latency_fit,
     parse_args,
     search,
     server_name,
+    slo_for,
     slo_scaled,
 )
 from bench.shipped_path import HARDWARE
@@ -437,8 +438,10 @@ def compare(
             if configs is not None and config not in configs:
                 continue
             searched = cell["search"].get(config)
-            # BROS at the absolute SLO is the simulator's BROS with deadlines scaled from it; one k, no search
-            mode, targets = ("bros", report["capacity_slo_s"]) if config == BROS_AT_SLO else (config, cell["targets_s"])
+            # BROS at the absolute SLO is the simulator's BROS with its deadlines scaled from that SLO
+            mode = RUNS_AS.get(config, config)
+            targets, tolerance = slo_for(config, report["capacity_slo_s"], cell["targets_s"], cell["tolerance"])
+            has_search = searched is not None and bool(searched["trials"])  # one value: no search
             value = searched["value"] if searched else None
             records = iteration_log(work / record_file(config, cell["share"], value))
             per_seed = emulated_figures(runs, records, [arrivals[seed] for seed in seeds])
@@ -459,9 +462,9 @@ def compare(
             for key, with_host in (("gpu_host", None), ("this_host", host)):
                 sims = [simulator.run(mode, value, targets, arrivals[seed], with_host) for seed in seeds]
                 row[key] = versus(per_seed, sims)
-                if searched and searched["trials"]:
+                if has_search:
                     label = f"{config} {cell['share']:g} tuning{' with host' if with_host else ''}"
-                    row[key]["tuned"] = simulator.tune(config, label, targets, cell["tolerance"], tuning, with_host)
+                    row[key]["tuned"] = simulator.tune(config, label, targets, tolerance, tuning, with_host)
             measured = probed.get((cell["share"], config))
             if measured is not None:
                 # host and front end from the probe on the tuning seed: neither seen on these seeds
@@ -470,7 +473,7 @@ def compare(
                 tuned_host = host_gaps(mode, probe_records, [measured])
                 sims = [simulator.run(mode, value, targets, arrivals[seed], tuned_host, front) for seed in seeds]
                 row["tuning_seed"] = {**versus(per_seed, sims), "front_end": front.summary()}
-            if searched and searched["trials"]:  # a configuration with one value has no search
+            if has_search:
                 row["tuned"] = {
                     "value": searched["value"],
                     "met": searched["met"],
