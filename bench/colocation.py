@@ -164,7 +164,8 @@ def run_trial(
     engine: Engine, trace: Sequence[OnlineRequest], lines: Sequence[BatchLine] | None, *, concurrency: int
 ) -> dict[str, Any]:
     """One replay: online metrics, offline output tokens/s and engine utilisation. A replay that
-    raises (a server gone) counts as missing every SLO."""
+    raises (a server gone) counts as missing every SLO, and so does one after which the server
+    says the plugin switched a part off."""
 
     async def go() -> tuple[list[RequestTiming], dict[str, float]]:
         offline = OfflineLoad(engine.server.base_url, lines, concurrency=concurrency) if lines else None
@@ -184,7 +185,11 @@ def run_trial(
     start = throughput.pop("start")
     wall_start = time.time() - (time.perf_counter() - start)
     busy = engine.busy_s(wall_start, wall_start + throughput["window_s"], offset)
-    return {**summarize(timings), **throughput, "utilisation": busy / throughput["window_s"]}
+    run = {**summarize(timings), **throughput, "utilisation": busy / throughput["window_s"]}
+    off = http.switched_off(http.server_info(engine.server.base_url))
+    if off:  # the figures are SGLang's own scheduling from then on: kept, judged as missing
+        run["failed"] = f"sgl-blend switched off {', '.join(off)} (see the server log)"
+    return run
 
 
 def engine_args(args: argparse.Namespace) -> list[str]:

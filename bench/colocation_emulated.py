@@ -61,11 +61,12 @@ from bench import seed_judge
 from bench.colocation import Engine, online_trace, sharegpt_prompts
 from bench.colocation_judge import add_deadline_scale_arguments
 from bench.shipped_path import HARDWARE
+from sgl_blend.client.http import server_info, switched_off
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.latency_model import FitReport
 from sgl_blend.core.slo_search import SLO, search_budget, steps_for, violations
-from sgl_blend.emulation.clock_reader import read_clock
+from sgl_blend.emulation.clock_reader import ClockReading, read_clock
 from sgl_blend.emulation.devices import resolve_device
 from sgl_blend.emulation.launch import emulated_launch
 from sgl_blend.emulation.pricing import ForwardPricer
@@ -236,7 +237,8 @@ def trial(
     """One replay, from an idle engine with an empty prefix cache: its online latencies, the
     offline batch's output tokens/s over the replay's window, the emulated device's busy share and
     how late the host delivered its batches (the pacer's ``behind_s``: host time the device would
-    not have waited on a GPU server's host). A replay that raises counts as missing every SLO.
+    not have waited on a GPU server's host). A replay that raises counts as missing every SLO, and
+    so does one after which the server says the plugin switched a part off (its figures are kept).
     ``sent`` receives each online request's send (wall clock) and time to first token, in the
     trace's order."""
     engine.wait_idle(IDLE_QUIET_S, IDLE_TIMEOUT_S)
@@ -251,7 +253,8 @@ def trial(
         if sent is not None:
             sent.extend((started + timing.sent_at - started_perf, timing.ttft) for timing in timings)
         window = time.time() - started
-        clock_after = read_clock(url)
+        info_after = server_info(url)
+        clock_after = ClockReading.from_server_info(info_after)
         run: dict[str, Any] = {
             **summarize(timings),
             "started_wall": round(started, 1),
@@ -269,6 +272,9 @@ def trial(
             "offline_tokens_per_s": 0.0,
             **{metric: math.inf for metric in seed_judge.SLO_METRICS},
         }
+    off = switched_off(info_after)
+    if off:  # the figures are SGLang's own scheduling from then on: kept, judged as missing
+        run["failed"] = f"sgl-blend switched off {', '.join(off)} (see the server log)"
     before, after = clock_before.ranks[0], clock_after.ranks[0]
     run["device_busy"] = round((after["device_seconds"] - before["device_seconds"]) / window, 3)
     run["host_late_share"] = round((after["realtime"]["behind_s"] - before["realtime"]["behind_s"]) / window, 3)

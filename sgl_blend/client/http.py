@@ -93,6 +93,13 @@ def dp_size(info: Mapping[str, Any]) -> int:
     return max(1, int(info.get("dp_size") or 1))
 
 
+def switched_off(info: Mapping[str, Any]) -> list[str]:
+    """The sgl-blend parts an error switched off on any scheduler, from its `server_info`: where
+    they are, SGLang scheduled that work its own way."""
+    states = [state.get("sgl_blend") or {} for state in info.get("internal_states") or ()]
+    return sorted({part for state in states for part in state.get("switched_off", ())})
+
+
 def _json_answer(response: httpx.Response) -> dict[str, Any]:
     response.raise_for_status()
     return response.json()

@@ -5,6 +5,10 @@ an attribute of the object that owns it, None once it is off. A guarded step run
 part is live; on an exception the part is switched off (logged once, with the traceback, since
 the step never runs again) and the step returns its fallback, so SGLang goes on scheduling
 everything its own way.
+
+What was switched off is kept (`SWITCHED_OFF`) and shown in ``/server_info``: a policy that
+stops scheduling leaves a server that still answers, and a benchmark would otherwise report
+SGLang's figures as the policy's.
 """
 
 from __future__ import annotations
@@ -17,6 +21,16 @@ from typing import Any, TypeVar
 logger = logging.getLogger(__name__)
 Step = TypeVar("Step", bound=Callable[..., Any])
 Part = TypeVar("Part")
+# "Owner.part" for every part switched off in this process, in order.
+SWITCHED_OFF: list[str] = []
+
+
+def switch_off(owner: Any, part: str, message: str) -> None:
+    """Inside an ``except``: log the error with its traceback, switch ``owner.<part>`` off and
+    remember it."""
+    logger.exception(message)
+    setattr(owner, part, None)
+    SWITCHED_OFF.append(f"{type(owner).__name__}.{part}")
 
 
 def guarded(part: str, message: str, fallback: Any = None) -> Callable[[Step], Step]:
@@ -30,8 +44,7 @@ def guarded(part: str, message: str, fallback: Any = None) -> Callable[[Step], S
             try:
                 return step(self, *args, **kwargs)
             except Exception:
-                logger.exception(message)
-                setattr(self, part, None)
+                switch_off(self, part, message)
                 return fallback
 
         return run  # type: ignore[return-value]

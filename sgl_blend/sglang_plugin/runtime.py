@@ -10,7 +10,6 @@ failure (`guard`), leaving the others and SGLang running.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -20,7 +19,7 @@ from sgl_blend.core.prefill_room import prefill_room
 from sgl_blend.core.psm_policy import PSMPolicy, make_offline_policy
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
-from sgl_blend.sglang_plugin.guard import guarded, live
+from sgl_blend.sglang_plugin.guard import SWITCHED_OFF, guarded, live, switch_off
 from sgl_blend.sglang_plugin.iteration_log import IterationRecorder
 from sgl_blend.sglang_plugin.modes import make_mode
 from sgl_blend.sglang_plugin.modes.base import free_kv_tokens
@@ -28,7 +27,6 @@ from sgl_blend.sglang_plugin.offline_pool import OfflinePool
 from sgl_blend.sglang_plugin.prompt_check import PromptCheck
 from sgl_blend.sglang_plugin.settings import PluginSettings
 
-logger = logging.getLogger(__name__)
 POOL_FAILED = "sgl-blend offline pool failed; falling back to SGLang's own scheduling"
 RECORD_FAILED = "sgl-blend per-iteration record failed; recording stops"
 
@@ -60,6 +58,7 @@ class PluginRuntime:
             "pid": os.getpid(),
             "dp_rank": sgl.get_parallel().dp_rank,
             "cpu_kernel_stub": cpu_compat.kernel_stub_active(),
+            "switched_off": list(SWITCHED_OFF),
             "offline": self.pool.snapshot() if self.pool is not None else None,
             "prompt_ids": self.prompt_check.snapshot(),
             "colocation": None,
@@ -97,7 +96,7 @@ class PluginRuntime:
             try:
                 self.pool = self._create_pool(tree_cache)
             except Exception:
-                logger.exception("sgl-blend could not create its offline pool; SGLang schedules on its own")
+                switch_off(self, "pool", "sgl-blend could not create its offline pool; SGLang schedules on its own")
         self._order(waiting_queue, tree_cache)
         self.mode.order_offline(waiting_queue, tree_cache, self.reusers())
 

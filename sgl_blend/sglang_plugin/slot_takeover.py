@@ -28,7 +28,7 @@ def admission_shortfall(adder: Any, req: Any) -> int:
     page < remaining total``) and, for ``ignore_eos`` requests without a radix cache,
     ``add_one_req_ignore_eos`` (the new prefill fits now, and every request -- this one, the
     running ones, those admitted this pass -- can still run to its last token when the shortest
-    ones finish first, with one spare token each)."""
+    ones finish first, with one spare token each). Always a whole number of slots."""
     extend = len(req.full_untruncated_fill_ids) - req.prefix_len
     if not (req.sampling_params.ignore_eos and getattr(adder.tree_cache, "disable", True)):
         max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0), sgl.CLIP_MAX_NEW_TOKENS)
@@ -36,7 +36,9 @@ def admission_shortfall(adder: Any, req: Any) -> int:
         return math.floor(total - adder.rem_total_tokens) + 1
     paged = adder.ceil_paged_tokens(extend) + adder.per_req_token_overhead
     current = adder.cur_rem_tokens
-    need = paged - min(current, adder.rem_total_tokens)
+    # Whole slots: SGLang's remaining total is fractional once running requests reserve their
+    # future tokens at its new-token ratio, and a fractional count cannot index KV slots.
+    need = math.ceil(paged - min(current, adder.rem_total_tokens))
     states = sorted(
         (
             state

@@ -53,7 +53,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def bros(server: ServerProcess) -> dict[str, Any]:
-    return plugin_state(server)["bros"]
+    """BROS's state; it must still be scheduling (a part switched off leaves SGLang's own)."""
+    state = plugin_state(server)
+    assert state["switched_off"] == [], state["switched_off"]
+    return state["bros"]
 
 
 def grew(before: dict[str, Any], after: dict[str, Any], section: str, name: str) -> int:

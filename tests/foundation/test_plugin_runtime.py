@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sgl_blend.core.colocation import ColocationConfig
+from sgl_blend.sglang_plugin.guard import SWITCHED_OFF
 from sgl_blend.sglang_plugin.modes import Mode, make_mode
 from sgl_blend.sglang_plugin.modes.bros import BrosMode
 from sgl_blend.sglang_plugin.modes.colocation import ColocationMode
@@ -50,10 +51,12 @@ def test_a_failing_pool_is_switched_off_once_and_the_rest_keeps_going(caplog: py
     runtime = PluginRuntime(PluginSettings(offline_policy=OFF))
     runtime.pool = ExplodingPool()  # type: ignore[assignment]
     queue: list[Any] = []
+    before = len(SWITCHED_OFF)
     with caplog.at_level(logging.ERROR):
         runtime.order_waiting_queue(queue, TreeCache())
         runtime.order_waiting_queue(queue, TreeCache())
     assert runtime.pool is None and runtime.recorder is not None
+    assert SWITCHED_OFF[before:] == ["PluginRuntime.pool"]  # what /server_info reports
     assert [record.message for record in caplog.records].count(
         "sgl-blend offline pool failed; falling back to SGLang's own scheduling") == 1
     assert runtime.may_admit(object()) is None
@@ -65,3 +68,4 @@ def test_settings_changes_reach_the_running_mode_and_restart_a_failed_one() -> N
     assert mode.current_config().latency_budget_s == 0.05
     mode.state = None
     assert mode.reconfigure({"latency_budget_s": 0.02}).latency_budget_s == 0.02 and mode.state is not None
+

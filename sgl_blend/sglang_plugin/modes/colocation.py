@@ -23,7 +23,6 @@ it afresh.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from sgl_blend.core.colocation import ColocationConfig, IterationPlan
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.offline import is_offline
-from sgl_blend.sglang_plugin.guard import guarded, live
+from sgl_blend.sglang_plugin.guard import guarded, live, switch_off
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes
 from sgl_blend.sglang_plugin.modes.base import HELD_FAILED, Mode
 from sgl_blend.sglang_plugin.modes.colocation_engine import (
@@ -49,7 +48,6 @@ from sgl_blend.sglang_plugin.modes.colocation_engine import (
     select_offline,
 )
 
-logger = logging.getLogger(__name__)
 FAILED = "sgl-blend co-location failed; falling back to SGLang's own scheduling"
 
 
@@ -252,8 +250,7 @@ class ColocationMode(Mode):
                 return add_offline(state, adder, req, has_chunked_req, add)
             return add_online(state, adder, req, add)
         except Exception:
-            logger.exception(FAILED)
-            self.state = None
+            switch_off(self, "state", FAILED)
             return adder.budget_state() if adder.can_run_list and adder.can_run_list[-1] is req else add()
 
     def current_config(self) -> ColocationConfig:
