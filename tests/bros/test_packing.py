@@ -11,7 +11,7 @@ import math
 import pytest
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize, Pressure
-from sgl_blend.core.bros.cost import IterationCost, SwapModel
+from sgl_blend.core.bros.cost import HostTime, IterationCost, SwapModel
 from sgl_blend.core.bros.packing import BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 from sgl_blend.core.latency_model import BatchShape, LinearLatencyModel
@@ -45,6 +45,48 @@ def test_swap_model_fit_recovers_bandwidth_and_setup() -> None:
     assert model.setup_s == pytest.approx(1e-5, rel=1e-3)
     with pytest.raises(ValueError, match="two timed copies"):
         SwapModel.fit(samples[:1], 4096)
+
+
+def test_host_time_learns_intercept_and_per_request_gap_and_forgets_an_old_host() -> None:
+    host = HostTime(window=50)
+    assert host.seconds(100) == 0.0  # nothing measured: a host that keeps up
+    for requests in (10, 200) * 100:
+        host.observe(requests, 0.006 + 0.00012 * requests)
+    assert host.intercept_s == pytest.approx(0.006) and host.per_request_s == pytest.approx(0.00012)
+    for requests in (10, 200) * 300:  # the host got faster: the fit follows within its window
+        host.observe(requests, 0.001)
+    assert host.seconds(200) == pytest.approx(0.001, rel=1e-3)
+
+
+def test_host_time_with_one_batch_size_is_its_mean_gap_and_never_negative() -> None:
+    host = HostTime()
+    for gap in (0.004, 0.006):
+        host.observe(32, gap)
+    assert host.per_request_s == 0.0 and host.intercept_s == 0.0  # one size: no line through it yet
+    host.observe(64, 0.001)  # falling with size: no negative per-request time
+    assert host.per_request_s == 0.0 and host.intercept_s == pytest.approx(0.011 / 3, rel=0.01)
+
+
+def test_host_time_bounds_the_batch_the_forward_alone_would_let_grow() -> None:
+    """An RT decode due in 50.1 ms, a device that runs any batch in 1 ms and a host that takes
+    0.2 ms a request: without the host BROS packs every BE request; with it, only as many as the
+    residual pays for. (Iterations have averaged 50 ms, so no BE request may replace the RT one.)"""
+    cheap = LinearLatencyModel("bros", (0.0, 0.0, 0.0, 0.001, 0.0, 0.0))
+    host = HostTime()
+    for requests in (1, 400):
+        host.observe(requests, 0.0002 * requests)
+    plans = []
+    for cost in (IterationCost(cheap), IterationCost(cheap, host=host)):
+        bros = BrosScheduler(cost, SLO(ttft_s=0.4, tpot_s=0.2), AdaptiveBatchSize(1024, 1024))
+        bros.average_iteration_s = 0.05
+        bros.submit(decoding("rt", True, last_token_at=-0.1499))  # due at 0.0501
+        for i in range(300):
+            bros.submit(decoding(f"be{i}", False, last_token_at=0.0))
+        plans.append(bros.plan(0.0, PLENTY))
+    alone, with_host = plans
+    assert len(alone.realtime) == 1 and len(alone.best_effort) == 300
+    # 1 ms + 0.2 ms per request <= 50.1 ms: 245 requests, the RT one and 244 BE
+    assert len(with_host.realtime) == 1 and len(with_host.best_effort) == 244
 
 
 def test_without_realtime_requests_best_effort_fills_the_batch_and_it_doubles() -> None:
@@ -98,6 +140,21 @@ def test_budget_stops_realtime_admission_and_resets_the_batch_size() -> None:
     assert plan.late == 0 and plan.budget_s == pytest.approx(0.03)
     assert [r.rid for r in plan.realtime] == ["decode"]
     assert plan.pressure is Pressure.VIOLATION and bros.batch_size.current == 2
+
+
+def test_a_batch_the_size_fills_grows_while_real_time_requests_wait() -> None:
+    """More RT requests than the batch size, all within budget: the size doubles (only the time
+    budget holds it back), so the RT queue is served within a few iterations, not held at the base."""
+    bros = scheduler(cap=64, base=2)
+    for i in range(6):
+        bros.submit(decoding(f"rt{i}", True, last_token_at=0.0))
+    sizes = []
+    for step in range(3):
+        plan = bros.plan(0.01 * step, PLENTY)
+        sizes.append(len(plan.realtime))
+        bros.finish(plan, 0.01 * step)
+    assert plan.pressure is Pressure.NONE
+    assert sizes == [2, 4, 6] and bros.batch_size.current == 16
 
 
 def test_infeasible_head_runs_alone_and_does_not_set_the_budget() -> None:

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from sgl_blend.core.colocation import ColocationConfig
+from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.sglang_plugin.guard import SWITCHED_OFF
 from sgl_blend.sglang_plugin.modes import Mode, make_mode
-from sgl_blend.sglang_plugin.modes.bros import BrosMode
+from sgl_blend.sglang_plugin.modes.bros import BrosMode, BrosState
 from sgl_blend.sglang_plugin.modes.colocation import ColocationMode
 from sgl_blend.sglang_plugin.runtime import PluginRuntime
 from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
@@ -69,3 +70,26 @@ def test_settings_changes_reach_the_running_mode_and_restart_a_failed_one() -> N
     mode.state = None
     assert mode.reconfigure({"latency_budget_s": 0.02}).latency_budget_s == 0.02 and mode.state is not None
 
+
+def test_bros_learns_the_host_gap_from_the_records_and_nothing_across_an_idle_spell() -> None:
+    """A batch of n requests is followed by a gap of 2 ms + 0.1 ms per request: the period of the
+    next launch less that batch's forward. After an idle spell the record has no period."""
+    state = BrosState(ColocationConfig(mode="bros", latency_model=BROS_MODEL), max_running=64)
+
+    def record(requests: int, forward_s: float, period_s: float | None) -> dict[str, Any]:
+        timing = {"forward_s": forward_s} if period_s is None else {"forward_s": forward_s, "period_s": period_s}
+        return {"prefill_reqs": 1, "decode_reqs": requests - 1, **timing}
+
+    previous = (10, 0.005)
+    state.forward_done(record(*previous, None), previous[1])
+    for requests in (100, 10, 100, 10, 100):
+        gap = 0.002 + 0.0001 * previous[0]
+        state.forward_done(record(requests, 0.005, previous[1] + gap), 0.005)
+        previous = (requests, 0.005)
+    assert state.host.intercept_s == pytest.approx(0.002) and state.host.per_request_s == pytest.approx(0.0001)
+    learnt = (state.host.intercept_s, state.host.per_request_s)
+    state.forward_done(record(50, 0.005, None), 0.005)  # after an idle spell: no period
+    assert (state.host.intercept_s, state.host.per_request_s) == learnt
+    state.forward_done(record(50, 0.005, 10.0), 0.005)  # the gap after a batch of 50: learnt
+    assert state.host.seconds(50) > learnt[0] + learnt[1] * 50
+    assert state.cost.predict(BatchShape().with_decode(100)) > state.cost.model.predict(BatchShape().with_decode(100))

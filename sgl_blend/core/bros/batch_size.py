@@ -4,6 +4,11 @@ It starts at a conservative base, doubles after each iteration in which real-tim
 no pressure on the time budget, and falls back to the base on a violation (a predicted batch
 that would overrun the most urgent residual, or a real-time request already past its deadline).
 It never exceeds what the engine can run at once.
+
+Only the time budget holds it back, as in the paper (§IV-B: it doubles unless Alg. 1 stopped at
+lines 11-12). A batch the size itself or the KV pool filled grows: holding the size there, with
+more RT requests queued than it admits, kept BROS at the base while new RT prompts waited
+seconds behind RT decodes on the emulated H100 (docs/results.md, "BROS at its own SLO").
 """
 
 from __future__ import annotations
@@ -14,8 +19,7 @@ BASE_BATCH_SIZE = 128
 
 
 class Pressure(Enum):
-    NONE = "none"  # every real-time candidate fit: grow
-    STEADY = "steady"  # stopped by batch size or memory: hold
+    NONE = "none"  # the time budget did not stop real-time packing: grow
     VIOLATION = "violation"  # stopped by the time budget, or a request is late: reset
 
 

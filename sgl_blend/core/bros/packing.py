@@ -102,6 +102,7 @@ class BrosPlan:
     pressure: Pressure
     late: int = 0
     replaced: int = 0
+    realtime_queued: int = 0
 
     @property
     def requests(self) -> list[BrosRequest]:
@@ -118,6 +119,7 @@ class BrosPlan:
             "pressure": self.pressure.value,
             "late": self.late,
             "replaced": self.replaced,
+            "realtime_queued": self.realtime_queued,
         }
 
 
@@ -227,6 +229,7 @@ class BrosScheduler:
         """Choose this iteration's batch; the chosen RT requests leave their queues until
         `finish` puts them back."""
         budget, late = self.budget(now)
+        queued = len(self.realtime)
         limit = self.batch_size.current
         ledger = _Ledger(memory)
         batch = _Batch(self.cost)
@@ -237,17 +240,19 @@ class BrosScheduler:
         best_effort, replaced = self._pack_best_effort(cursor, batch, ledger, budget, limit, now)
         realtime = self.realtime.take(cursor)
         self.batch_size.update(pressure)
-        return BrosPlan(realtime, best_effort, budget, batch.time_with(), batch.swap, limit, pressure, late, replaced)
+        return BrosPlan(
+            realtime, best_effort, budget, batch.time_with(), batch.swap, limit, pressure, late, replaced, queued
+        )
 
     def _pack_realtime(
         self, cursor: MergedCursor, batch: _Batch, ledger: _Ledger, budget: float, limit: int
     ) -> Pressure:
         while (request := cursor.peek()) is not None:
             if len(batch) == limit:
-                return Pressure.STEADY
+                return Pressure.NONE
             empty = not batch.realtime
             if not ledger.fits_realtime(request) and not empty:
-                return Pressure.STEADY
+                return Pressure.NONE
             if batch.time_with(request) > budget and not empty:
                 return Pressure.VIOLATION
             cursor.pop()

@@ -3,8 +3,9 @@
 Online requests are real-time (RT), offline ones best-effort (BE). Each time SGLang is about to
 build a batch, the scheduler's requests -- running, held back and waiting, with their arrival,
 prompt, output so far, time of their last token and tokens checkpointed to host -- are described
-to `sgl_blend.core.bros`, and Alg. 1 plans the iteration with the fitted latency model, the
-adaptive batch size and the KV pool (free slots, and the slots each BE request holds, which an
+to `sgl_blend.core.bros`, and Alg. 1 plans the iteration with the fitted latency model plus the
+host's time per request (`cost.HostTime`, learnt from the iteration records' launch-to-launch
+periods), the adaptive batch size and the KV pool (free slots, and the slots each BE request holds, which an
 RT request may take). The plan is applied to the engine:
 
 - running BE decodes the plan leaves out are held back with their KV resident
@@ -41,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
-from sgl_blend.core.bros.cost import IterationCost
+from sgl_blend.core.bros.cost import HostTime, IterationCost
 from sgl_blend.core.bros.metrics import ServiceMetrics
 from sgl_blend.core.bros.packing import MIN_CHUNK, BrosPlan, BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
@@ -51,7 +52,7 @@ from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.core.latency_model import model_from_dict
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
-from sgl_blend.sglang_plugin.guard import guarded, live
+from sgl_blend.sglang_plugin.guard import guarded, live, switch_off
 from sgl_blend.sglang_plugin.held_decodes import HeldDecodes, in_flight, resident_tokens
 from sgl_blend.sglang_plugin.kv_checkpoint import KVCheckpoint
 from sgl_blend.sglang_plugin.modes.base import HELD_FAILED, Mode, add_within_chunk, free_kv_tokens
@@ -74,7 +75,9 @@ class BrosState:
     def __init__(self, config: ColocationConfig, max_running: int) -> None:
         self.slo = slo_of(config)
         assert config.latency_model is not None, "ColocationConfig requires a latency model in bros mode"
-        self.cost = IterationCost(model_from_dict(config.latency_model))
+        self.host = HostTime()
+        self.cost = IterationCost(model_from_dict(config.latency_model), host=self.host)
+        self.last_forward: tuple[int, float] | None = None  # the previous batch's requests and forward
         self.batch_size = AdaptiveBatchSize(max_running)
         self.metrics = ServiceMetrics(self.slo, start=time.monotonic())
         self.average_iteration_s = 0.0
@@ -91,7 +94,24 @@ class BrosState:
             "plans": self.plans,
             "last_plan": self.last_plan,
             "average_iteration_s": round(self.average_iteration_s, 6),
+            "host": {
+                "intercept_s": round(self.host.intercept_s, 6),
+                "per_request_s": round(self.host.per_request_s, 9),
+            },
         }
+
+    def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
+        """Teach the host-time model the gap after the previous batch: this launch's period less
+        that batch's forward. After an idle spell the record has no period, and nothing is
+        learnt (idle time is not the host's work)."""
+        self.average_iteration_s += 0.2 * (forward_s - self.average_iteration_s)
+        if record is None:
+            self.last_forward = None
+            return
+        if self.last_forward is not None and "period_s" in record:
+            requests, previous_forward = self.last_forward
+            self.host.observe(requests, max(record["period_s"] - previous_forward, 0.0))
+        self.last_forward = (int(record["prefill_reqs"]) + int(record["decode_reqs"]), record["forward_s"])
 
     def request(self, req: Any, now: float, waiting: bool, host_tokens: int, prompt_done: int = 0) -> BrosRequest:
         """The core's view of an engine request. One in the waiting queue with output already was
@@ -164,7 +184,7 @@ class BrosMode(Mode):
         try:
             self.state = BrosState(self.config, int(scheduler.max_running_requests))
         except Exception:
-            logger.exception("sgl-blend bros mode could not start; SGLang schedules on its own")
+            switch_off(self, "state", "sgl-blend bros mode could not start; SGLang schedules on its own")
 
     def before_prefill(self, scheduler: Any, running_batch: Any) -> Any:
         self._start(scheduler)
@@ -241,10 +261,14 @@ class BrosMode(Mode):
         self.takeover.decode(scheduler, batch)
 
     @guarded("state", FAILED)
-    def end_iteration(self) -> None:
+    def end_iteration(self) -> dict[str, Any] | None:
+        """Drop the iteration's plan; the iteration record carries its summary (``predicted_s``
+        beside the record's measured times shows what the cost model missed)."""
         state = live(self.state)
+        planned = state.admit is not None
         state.admit = None
         state.chunks = {}
+        return state.last_plan if planned else None
 
     @guarded("state", FAILED)
     def order_offline(self, waiting_queue: list, tree_cache: Any, reusers: ReuserIndex | None) -> None:
@@ -271,8 +295,7 @@ class BrosMode(Mode):
                 return self._admit_chunk(adder, req, has_chunked_req, add)
             return self.takeover.admit(self.scheduler, adder, req, add)
         except Exception:
-            logger.exception(FAILED)
-            self.state = None
+            switch_off(self, "state", FAILED)
             return sgl.AddReqResult.OTHER
 
     def _admit_chunk(self, adder: Any, req: Any, has_chunked_req: bool, add: Callable[[], Any]) -> Any:
@@ -313,8 +336,7 @@ class BrosMode(Mode):
 
     @guarded("state", FAILED)
     def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
-        state = live(self.state)
-        state.average_iteration_s += 0.2 * (forward_s - state.average_iteration_s)
+        live(self.state).forward_done(record, forward_s)
 
     @guarded("state", FAILED)
     def observe_batch(self, batch: Any) -> None:
