@@ -152,7 +152,8 @@ class BrosState:
         admitted = [request.rid for request in plan.requests if request.rid in waiting]
         self.admit = {rid: rank for rank, rid in enumerate(admitted)}
         self.chunks = {request.rid: request.extend_tokens() for request in plan.best_effort if request.prompt_left()}
-        self.last_plan = plan.summary()
+        # the plan's own host time: on a host-bound engine it is part of every period
+        self.last_plan = {**plan.summary(), "plan_s": round(time.monotonic() - now, 6)}
         self.plans += 1
         return plan
 
