@@ -9,9 +9,9 @@ they are the longer of the two.
 The paper prices the device alone. An RT request's next token comes one launch-to-launch period
 later, and on a host that does not keep up that period is mostly the host's: result processing,
 streaming and scheduling, per request in the batch. On the emulated H100 over a 2-core host a
-BROS batch of about 250 requests forwarded in 5 ms and came back 49 ms later, and BROS, seeing
-5 ms, grew its batches until RT requests waited seconds (docs/results.md, "BROS at its own
-SLO"). `HostTime` learns that time from the engine's own periods, so the budget test sees it.
+BROS batch of about 250 requests came back 59 ms after its launch at the median, 46 ms of it the
+host's gap after the forward: about 19 ms plus 0.14 ms a request (docs/results.md, "BROS at its
+own SLO"). `HostTime` learns that time from the engine's own periods, so the budget test sees it.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class SwapModel:
 
 
 # Iterations `HostTime` remembers: its sums forget at 1/HOST_WINDOW per observation. BROS's
-# records on the 2-core host (30% load, evaluation seed 1) ran about 20 iterations a second, so
-# the fit follows the host's load over the last ten seconds or so.
+# records on the 2-core host (30% load, evaluation seed 1) ran about 17 iterations a second, so
+# the fit follows the host's load over the last twelve seconds or so.
 HOST_WINDOW = 200
 
 
