@@ -186,8 +186,14 @@ def run_trial(
     wall_start = time.time() - (time.perf_counter() - start)
     busy = engine.busy_s(wall_start, wall_start + throughput["window_s"], offset)
     run = {**summarize(timings), **throughput, "utilisation": busy / throughput["window_s"]}
-    off = http.switched_off(http.server_info(engine.server.base_url))
-    if off:  # the figures are SGLang's own scheduling from then on: kept, judged as missing
+    return judged_as_failed_if_switched_off(run, http.server_info(engine.server.base_url))
+
+
+def judged_as_failed_if_switched_off(run: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """``run``, marked failed (every SLO missed, its figures kept) when the server ``info`` says a
+    part of the plugin switched off: from then on its figures are SGLang's own scheduling."""
+    off = http.switched_off(info)
+    if off:
         run["failed"] = f"sgl-blend switched off {', '.join(off)} (see the server log)"
     return run
 

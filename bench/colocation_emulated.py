@@ -58,10 +58,10 @@ from typing import TYPE_CHECKING, Any
 import openai
 
 from bench import seed_judge
-from bench.colocation import Engine, online_trace, sharegpt_prompts
+from bench.colocation import Engine, judged_as_failed_if_switched_off, online_trace, sharegpt_prompts
 from bench.colocation_judge import add_deadline_scale_arguments
 from bench.shipped_path import HARDWARE
-from sgl_blend.client.http import server_info, switched_off
+from sgl_blend.client.http import server_info
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.latency_model import FitReport
@@ -272,9 +272,7 @@ def trial(
             "offline_tokens_per_s": 0.0,
             **{metric: math.inf for metric in seed_judge.SLO_METRICS},
         }
-    off = switched_off(info_after)
-    if off:  # the figures are SGLang's own scheduling from then on: kept, judged as missing
-        run["failed"] = f"sgl-blend switched off {', '.join(off)} (see the server log)"
+    judged_as_failed_if_switched_off(run, info_after)
     before, after = clock_before.ranks[0], clock_after.ranks[0]
     run["device_busy"] = round((after["device_seconds"] - before["device_seconds"]) / window, 3)
     run["host_late_share"] = round((after["realtime"]["behind_s"] - before["realtime"]["behind_s"]) / window, 3)

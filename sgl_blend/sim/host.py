@@ -8,11 +8,10 @@ iteration lasts ``max(price, host gap)``. To check the simulator against that en
 predict what a host like it gives, the simulator can take the same rule with the gaps the
 emulated engine measured.
 
-A gap is read from two consecutive iteration records (`sglang_plugin.iteration_log`): the
-second's launch-to-launch ``period_s`` less the first's ``forward_s`` -- the time between a
-forward's end and the next launch, spent on result processing, streaming and scheduling on the
-host's shared cores. It grows with the requests a batch carries, so gaps are kept by the batch's
-request count, and a simulated iteration draws one measured from batches of its size.
+A gap (`core.host_gap`) is the time between a forward's end and the next launch, spent on result
+processing, streaming and scheduling on the host's shared cores. It grows with the requests a
+batch carries, so gaps are kept by the batch's request count, and a simulated iteration draws
+one measured from batches of its size.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sgl_blend.core.host_gap import batch_requests, gap_after
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.forward_time.step_time import IterationClock
 
@@ -40,10 +40,6 @@ REQUEST_CLASSES = (8, 16, 32, 64, 128, 256)
 MIN_CLASS_GAPS = 50
 
 
-def _requests(record: dict[str, Any]) -> int:
-    return int(record["decode_reqs"]) + int(record["prefill_reqs"])
-
-
 @dataclass(frozen=True)
 class HostGaps:
     """Measured host gaps (seconds), one sorted tuple per request-count class of
@@ -56,15 +52,13 @@ class HostGaps:
     def measure(
         cls, records: Iterable[dict[str, Any]], keep: Callable[[dict[str, Any]], bool] = lambda _: True
     ) -> HostGaps:
-        """Gaps after every kept record that the next record follows without an idle spell (after
-        one, the recorder starts no period). A period a little under the rounded forward is a gap
-        of 0."""
+        """Gaps (`core.host_gap`) after every kept record that the next record follows without an
+        idle spell."""
         classes: list[list[float]] = [[] for _ in range(len(REQUEST_CLASSES) + 1)]
         previous: dict[str, Any] | None = None
         for record in records:
-            if previous is not None and "period_s" in record and keep(previous):
-                gap = max(0.0, record["period_s"] - previous["forward_s"])
-                classes[cls.class_of(_requests(previous))].append(gap)
+            if previous is not None and keep(previous) and (gap := gap_after(previous, record)) is not None:
+                classes[cls.class_of(batch_requests(previous))].append(gap)
             previous = record
         if not any(classes):
             raise ValueError("no host gaps in these records: no two consecutive kept iterations")

@@ -248,11 +248,9 @@ class BrosScheduler:
         self, cursor: MergedCursor, batch: _Batch, ledger: _Ledger, budget: float, limit: int
     ) -> Pressure:
         while (request := cursor.peek()) is not None:
-            if len(batch) == limit:
-                return Pressure.NONE
             empty = not batch.realtime
-            if not ledger.fits_realtime(request) and not empty:
-                return Pressure.NONE
+            if len(batch) == limit or (not ledger.fits_realtime(request) and not empty):
+                return Pressure.NONE  # the size or the KV pool stopped it, not the time budget
             if batch.time_with(request) > budget and not empty:
                 return Pressure.VIOLATION
             cursor.pop()

@@ -44,10 +44,11 @@ from typing import Any
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
 from sgl_blend.core.bros.cost import HostTime, IterationCost
 from sgl_blend.core.bros.metrics import ServiceMetrics
-from sgl_blend.core.bros.packing import MIN_CHUNK, BrosPlan, BrosScheduler, MemoryState
+from sgl_blend.core.bros.packing import AVERAGE_WEIGHT, MIN_CHUNK, BrosPlan, BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 from sgl_blend.core.bros.takeover import plan_takeover
 from sgl_blend.core.colocation import ColocationConfig
+from sgl_blend.core.host_gap import batch_requests, gap_after
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.core.latency_model import model_from_dict
 from sgl_blend.offline import is_offline
@@ -77,7 +78,7 @@ class BrosState:
         assert config.latency_model is not None, "ColocationConfig requires a latency model in bros mode"
         self.host = HostTime()
         self.cost = IterationCost(model_from_dict(config.latency_model), host=self.host)
-        self.last_forward: tuple[int, float] | None = None  # the previous batch's requests and forward
+        self.previous_record: dict[str, Any] | None = None  # the previous batch's, for its host gap
         self.batch_size = AdaptiveBatchSize(max_running)
         self.metrics = ServiceMetrics(self.slo, start=time.monotonic())
         self.average_iteration_s = 0.0
@@ -101,17 +102,12 @@ class BrosState:
         }
 
     def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
-        """Teach the host-time model the gap after the previous batch: this launch's period less
-        that batch's forward. After an idle spell the record has no period, and nothing is
-        learnt (idle time is not the host's work)."""
-        self.average_iteration_s += 0.2 * (forward_s - self.average_iteration_s)
-        if record is None:
-            self.last_forward = None
-            return
-        if self.last_forward is not None and "period_s" in record:
-            requests, previous_forward = self.last_forward
-            self.host.observe(requests, max(record["period_s"] - previous_forward, 0.0))
-        self.last_forward = (int(record["prefill_reqs"]) + int(record["decode_reqs"]), record["forward_s"])
+        """Teach the host-time model the gap after the previous batch (`core.host_gap`); after an
+        idle spell there is none (idle time is not the host's work)."""
+        self.average_iteration_s += AVERAGE_WEIGHT * (forward_s - self.average_iteration_s)
+        previous, self.previous_record = self.previous_record, record
+        if previous is not None and record is not None and (gap := gap_after(previous, record)) is not None:
+            self.host.observe(batch_requests(previous), gap)
 
     def request(self, req: Any, now: float, waiting: bool, host_tokens: int, prompt_done: int = 0) -> BrosRequest:
         """The core's view of an engine request. One in the waiting queue with output already was
