@@ -85,7 +85,7 @@ from bench.colocation_emulated import (
     slo_scaled,
 )
 from bench.shipped_path import HARDWARE
-from sgl_blend.core.bros.cost import IterationCost, SwapModel
+from sgl_blend.core.bros.cost import HostTime, IterationCost, SwapModel
 from sgl_blend.core.bros.requests import SLO as RealtimeSLO
 from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
@@ -313,8 +313,10 @@ class Simulator:
         engine's do; with ``front``, first tokens reach the client across its front end."""
         sizing = self.sizing
         clock: IterationClock = NoisyClock(self.step, 0.0, 0)
+        # BROS's plan learns the host's time from the gaps, as the plugin learns it from records.
+        host_time = HostTime()
         if host is not None:
-            clock = HostBoundClock(clock, host)
+            clock = HostBoundClock(clock, host, observer=host_time.observe if config == "bros" else None)
         horizon = max(arrival.at for arrival in arrivals)
         if config == "bros":
             assert value is not None
@@ -327,7 +329,7 @@ class Simulator:
                 be_concurrency=sizing.max_running_requests,
                 slo=slo,
             )
-            cost = IterationCost(self.bros_model, self.swap)
+            cost = IterationCost(self.bros_model, self.swap, host_time)
             result = run_bros(arrivals, self.offline, ClockDevice(clock, self.swap), cost, settings, horizon)
             return figures(result.online, result.offline_output_tokens_per_s(), front)
         if config == "echo":

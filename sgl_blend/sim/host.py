@@ -103,13 +103,25 @@ class HostGaps:
 
 class HostBoundClock:
     """A clock whose iteration lasts its forward or a host gap drawn for its batch size, whichever
-    is longer: the emulated pacer's rule with this host's measured gaps."""
+    is longer: the emulated pacer's rule with this host's measured gaps.
 
-    def __init__(self, clock: IterationClock, host: HostGaps, seed: int = 0) -> None:
+    ``observer`` sees each batch's request count and its drawn gap, as the emulated engine's
+    iteration records show them to a scheduler that learns the host's time (BROS's
+    `core.bros.cost.HostTime`); without it the simulated scheduler plans as if the host kept up,
+    which the engine's does not."""
+
+    def __init__(
+        self, clock: IterationClock, host: HostGaps, seed: int = 0, observer: Callable[[int, float], None] | None = None
+    ) -> None:
         self.clock = clock
         self.host = host
+        self.observer = observer
         self._rng = np.random.default_rng(seed)
 
     def measure(self, shape: BatchShape) -> float:
-        gaps = self.host.gaps_for(shape.decode_reqs + shape.prefill_reqs)
-        return max(self.clock.measure(shape), gaps[int(self._rng.integers(len(gaps)))])
+        requests = shape.decode_reqs + shape.prefill_reqs
+        gaps = self.host.gaps_for(requests)
+        gap = gaps[int(self._rng.integers(len(gaps)))]
+        if self.observer is not None:
+            self.observer(requests, gap)
+        return max(self.clock.measure(shape), gap)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sgl_blend.core.bros.cost import HostTime
 from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.psm_policy import make_offline_policy
@@ -87,6 +88,20 @@ def test_an_iteration_lasts_its_forward_or_the_host_gap_whichever_is_longer() ->
 
     assert HostBoundClock(FixedClock(0.010), host).measure(shape_small) == 0.010
     assert HostBoundClock(FixedClock(0.010), host).measure(shape_large) == 0.050
+
+
+def test_a_scheduler_learning_the_host_sees_each_batch_and_the_gap_drawn_for_it() -> None:
+    """BROS's host-time model learns from what the clock hands its observer, so a simulated BROS
+    plans with the host's time as the plugin does; a batch past the last class draws that class."""
+    host = HostGaps(((0.004,), (), (), (), (), (), (0.050,)))
+    learnt = HostTime()
+    clock = HostBoundClock(FixedClock(0.010), host, observer=learnt.observe)
+
+    for requests in (4, 300, 4, 300):
+        clock.measure(BatchShape(decode_reqs=requests, decode_context=requests * 100, decode_max_context=100))
+
+    assert learnt.seconds(4) == pytest.approx(0.004)
+    assert learnt.seconds(300) == pytest.approx(0.050)
 
 
 def test_a_host_slower_than_the_device_slows_online_and_offline_work_in_the_simulator() -> None:
