@@ -272,7 +272,7 @@ def trial(
             "offline_tokens_per_s": 0.0,
             **{metric: math.inf for metric in seed_judge.SLO_METRICS},
         }
-    judged_as_failed_if_switched_off(run, info_after)
+    run = judged_as_failed_if_switched_off(run, info_after)
     before, after = clock_before.ranks[0], clock_after.ranks[0]
     run["device_busy"] = round((after["device_seconds"] - before["device_seconds"]) / window, 3)
     run["host_late_share"] = round((after["realtime"]["behind_s"] - before["realtime"]["behind_s"]) / window, 3)

@@ -314,9 +314,9 @@ class Simulator:
         sizing = self.sizing
         clock: IterationClock = NoisyClock(self.step, 0.0, 0)
         # BROS's plan learns the host's time from the gaps, as the plugin learns it from records.
-        host_time = HostTime()
+        host_time = HostTime() if config == "bros" else None
         if host is not None:
-            clock = HostBoundClock(clock, host, observer=host_time.observe if config == "bros" else None)
+            clock = HostBoundClock(clock, host, observer=host_time.observe if host_time else None)
         horizon = max(arrival.at for arrival in arrivals)
         if config == "bros":
             assert value is not None

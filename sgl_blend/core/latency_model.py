@@ -46,6 +46,11 @@ class BatchShape:
     decode_max_context: int = 0
     prefill_chunks: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def requests(self) -> int:
+        """Prefill and decode requests together: what the host's per-request time scales with."""
+        return self.prefill_reqs + self.decode_reqs
+
     def with_prefill(self, extend: int, prefix: int = 0) -> BatchShape:
         if extend <= 0:
             return self

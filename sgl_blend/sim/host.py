@@ -119,9 +119,8 @@ class HostBoundClock:
         self._rng = np.random.default_rng(seed)
 
     def measure(self, shape: BatchShape) -> float:
-        requests = shape.decode_reqs + shape.prefill_reqs
-        gaps = self.host.gaps_for(requests)
+        gaps = self.host.gaps_for(shape.requests)
         gap = gaps[int(self._rng.integers(len(gaps)))]
         if self.observer is not None:
-            self.observer(requests, gap)
+            self.observer(shape.requests, gap)
         return max(self.clock.measure(shape), gap)

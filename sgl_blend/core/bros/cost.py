@@ -104,4 +104,4 @@ class IterationCost:
             execute = max(execute, self.swap.seconds(swap_tokens))
         if self.host is None:
             return execute
-        return execute + self.host.seconds(shape.prefill_reqs + shape.decode_reqs)
+        return execute + self.host.seconds(shape.requests)
