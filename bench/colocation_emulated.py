@@ -349,6 +349,8 @@ def trials_of(runs: dict[float, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def hygen_settings(setup: Setup, mode: str, **colocation: Any) -> PluginSettings:
     model = setup.bros_model if mode == "bros" else setup.latency_model
+    if mode == "bros":
+        colocation["bros_tail_quantile"] = setup.args.bros_tail_quantile
     return PluginSettings(
         offline_policy=OFF if mode == "bros" else "psm",
         psm_utility=setup.args.utility,
@@ -728,6 +730,10 @@ def markdown(report: dict[str, Any]) -> str:
             + ", ".join(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at)) for at in report["resumed_wall"])
             + ": each run's `started_wall` says which part of the report it belongs to."
         )
+    if report.get("bros_tail_quantile") is not None:
+        lines.append(
+            f"- BROS planned to the {report['bros_tail_quantile']:g} quantile of its periods (`--bros-tail-quantile`)."
+        )
     if any(config in cell["runs"] for cell in report["cells"] for config in AT_SLO):
         lines.append(
             f"- {' and '.join(AT_SLO)}: judged against the absolute SLO (P99 TTFT <= "
@@ -884,6 +890,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
         "modes": args.modes,
         "baselines": args.baselines,
         "mode_max_inflight": args.mode_max_inflight,
+        "bros_tail_quantile": args.bros_tail_quantile,
         "latency_fit": {form: f["holdout_mape"] for form, f in fit.to_dict()["forms"].items()},
         "capacity_slo_s": {"ttft_p99": args.capacity_ttft, "tbt_p99": args.capacity_tbt},
     }
@@ -950,6 +957,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--offline-trace", default="trace1", help="Table-2 trace of the offline batch")
     parser.add_argument("--offline-lines", type=int, default=10000)
+    parser.add_argument(
+        "--bros-tail-quantile", type=float, default=None, help="BROS plans to this quantile of its periods (as serve)"
+    )
     parser.add_argument("--prompts", type=int, default=2000, help="ShareGPT first turns online requests cycle through")
     parser.add_argument("--max-prompt-chars", type=int, default=4000)
     parser.add_argument("--max-output", type=int, default=256, help="online reply tokens, at most")

@@ -72,6 +72,8 @@ class ColocationConfig:
     fitted model's ``to_dict``.
     ``calibration_alpha`` weighs each measured batch in the running measured/predicted ratio
     that scales predictions (0 keeps the fitted model as it is).
+    ``bros_tail_quantile``, when set, has BROS plan each iteration to that quantile of its
+    measured periods instead of their mean (`core.bros.cost.PeriodTail`).
     """
 
     mode: str = "off"
@@ -84,6 +86,7 @@ class ColocationConfig:
     reserve_window_s: float = 60.0
     min_offline_chunk: int = DEFAULT_MIN_OFFLINE_CHUNK
     calibration_alpha: float = DEFAULT_CALIBRATION_ALPHA
+    bros_tail_quantile: float | None = None
     latency_model: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -99,6 +102,8 @@ class ColocationConfig:
             raise ValueError("reserve_sigmas must be >= 0 and reserve_window_s > 0")
         if not 0 <= self.calibration_alpha <= 1:
             raise ValueError(f"calibration_alpha must be in [0, 1], got {self.calibration_alpha}")
+        if self.bros_tail_quantile is not None and not 0 < self.bros_tail_quantile < 1:
+            raise ValueError(f"bros_tail_quantile must be in (0, 1) or null, got {self.bros_tail_quantile!r}")
         if self.mode == "echo" and (self.ttft_slo_s is None or self.tpot_slo_s is None):
             raise ValueError("echo mode needs ttft_slo_s and tpot_slo_s (its per-token deadlines)")
         if self.needs_model() and self.latency_model is None:

@@ -73,6 +73,13 @@ def add_colocation_arguments(parser: argparse.ArgumentParser) -> None:
         "way); default unbounded",
     )
     group.add_argument(
+        "--bros-tail-quantile",
+        type=float,
+        default=None,
+        help="bros: plan each iteration to this quantile of the measured launch-to-launch periods "
+        "(e.g. 0.99) instead of their mean, for a host whose periods vary; default off, as in the paper",
+    )
+    group.add_argument(
         "--psm-utility",
         type=float,
         default=None,
@@ -106,6 +113,7 @@ def colocation_config(args: argparse.Namespace) -> ColocationConfig:
         ("ttft_slo_s", _seconds(args.ttft_slo_ms)),
         ("tpot_slo_s", _seconds(args.tpot_slo_ms)),
         ("idle_budget_s", _seconds(args.idle_budget_ms)),
+        ("bros_tail_quantile", args.bros_tail_quantile),
     ):
         if value is not None:
             settings[key] = value

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize, Pressure
-from sgl_blend.core.bros.cost import HostTime, IterationCost, SwapModel
+from sgl_blend.core.bros.cost import HostTime, IterationCost, PeriodTail, SwapModel
 from sgl_blend.core.bros.packing import BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 from sgl_blend.core.latency_model import BatchShape, LinearLatencyModel
@@ -87,6 +87,42 @@ def test_host_time_bounds_the_batch_the_forward_alone_would_let_grow() -> None:
     assert len(alone.realtime) == 1 and len(alone.best_effort) == 300
     # 1 ms + 0.2 ms per request <= 50.1 ms: 245 requests, the RT one and 244 BE
     assert len(with_host.realtime) == 1 and len(with_host.best_effort) == 244
+
+
+def test_period_tail_is_the_quantile_of_overruns_in_its_window_and_never_negative() -> None:
+    tail = PeriodTail(quantile=0.9, window=10)
+    assert tail.seconds() == 0.0  # nothing measured: the plan is the mean model's
+    for overrun_ms in range(1, 11):  # periods 1..10 ms past a 50 ms prediction
+        tail.observe(0.05, 0.05 + overrun_ms / 1000)
+    assert tail.seconds() == pytest.approx(0.010)  # the 90% quantile of ten: the tenth
+    for _ in range(10):  # the window moves on: periods now 20 ms shorter than predicted
+        tail.observe(0.05, 0.03)
+    assert tail.seconds() == 0.0  # over-prediction leaves its slack, it is not spent
+    with pytest.raises(ValueError, match="quantile"):
+        PeriodTail(quantile=1.0)
+
+
+def test_the_plan_keeps_the_tail_margin_below_its_deadline_and_learns_it_from_finished_iterations() -> None:
+    """The same RT decode due in 50.1 ms and a 1 ms device with a host of 0.2 ms a request: once
+    iterations have run 10 ms past their predictions, the plan leaves 10 ms of the residual free,
+    50 fewer requests; the summary shows the margin inside its prediction."""
+    cheap = LinearLatencyModel("bros", (0.0, 0.0, 0.0, 0.001, 0.0, 0.0))
+    host = HostTime()
+    for requests in (1, 400):
+        host.observe(requests, 0.0002 * requests)
+    bros = BrosScheduler(IterationCost(cheap, host=host, tail=PeriodTail()), SLO(0.4, 0.2), AdaptiveBatchSize(1024, 1024))
+    bros.average_iteration_s = 0.05
+    warm = bros.plan(0.0, PLENTY)  # nothing queued: an empty plan, predicted at its mean
+    for _ in range(5):
+        bros.finish(warm, 0.0, measured_s=warm.predicted_s + 0.010)
+    bros.submit(decoding("rt", True, last_token_at=-0.1499))
+    for i in range(300):
+        bros.submit(decoding(f"be{i}", False, last_token_at=0.0))
+    plan = bros.plan(0.0, PLENTY)
+    # 1 ms + 0.2 ms per request + 10 ms <= 50.1 ms: 195 requests, the RT one and 194 BE
+    assert len(plan.realtime) == 1 and len(plan.best_effort) == 194
+    assert plan.summary()["margin_s"] == pytest.approx(0.010)
+    assert plan.predicted_s == pytest.approx(0.001 + 0.0002 * 195 + 0.010)
 
 
 def test_without_realtime_requests_best_effort_fills_the_batch_and_it_doubles() -> None:

@@ -51,6 +51,13 @@ def test_a_headroom_makes_a_hygen_budget_by_state_and_needs_a_latency_model(
                                                   "--idle-budget-ms", "5", "--latency-model", str(model)]))
     assert (config.mode, config.latency_budget_s, config.headroom_s) == ("hygen", None, 0.002)
     assert (config.tpot_slo_s, config.ttft_slo_s, config.idle_budget_s) == (0.04, 0.3, 0.005)
+    assert config.bros_tail_quantile is None  # BROS plans to the mean unless asked
+    bros = colocation_config(parser.parse_args(["--colocation", "bros", "--bros-tail-quantile", "0.99",
+                                                "--latency-model", str(model)]))
+    assert (bros.mode, bros.bros_tail_quantile) == ("bros", 0.99)
+    with pytest.raises(ValueError, match="bros_tail_quantile must be in"):
+        colocation_config(parser.parse_args(["--colocation", "bros", "--bros-tail-quantile", "1",
+                                             "--latency-model", str(model)]))
 
 
 def test_serve_refuses_echo_without_deadlines_and_a_bad_slo_file(tmp_path: Path,

@@ -93,3 +93,31 @@ def test_bros_learns_the_host_gap_from_the_records_and_nothing_across_an_idle_sp
     state.forward_done(record(50, 0.005, 10.0), 0.005)  # the gap after a batch of 50: learnt
     assert state.host.seconds(50) > learnt[0] + learnt[1] * 50
     assert state.cost.predict(BatchShape().with_decode(100)) > state.cost.model.predict(BatchShape().with_decode(100))
+
+
+def test_bros_asked_to_plan_to_a_tail_learns_it_from_each_plan_and_the_period_that_followed() -> None:
+    """Each record carries its plan's prediction and the margin inside it; the next record's
+    period is how long that batch took. Periods 30 ms past their plans' means make the margin
+    30 ms; a record with no plan (a decode batch after one) teaches nothing. Without the
+    setting BROS plans to the mean and learns no tail."""
+    config = ColocationConfig(mode="bros", latency_model=BROS_MODEL, bros_tail_quantile=0.9)
+    state = BrosState(config, max_running=64)
+    assert state.cost.margin_s() == 0.0
+
+    def record(period_s: float | None, margin_s: float | None) -> dict[str, Any]:
+        planned = {} if margin_s is None else {"predicted_s": 0.05 + margin_s, "margin_s": margin_s}
+        timing = {"forward_s": 0.01} if period_s is None else {"forward_s": 0.01, "period_s": period_s}
+        return {"prefill_reqs": 0, "decode_reqs": 10, **timing, **planned}
+
+    state.forward_done(record(None, 0.0), 0.01)
+    for _ in range(20):
+        state.forward_done(record(0.08, state.cost.margin_s()), 0.01)
+    assert state.cost.margin_s() == pytest.approx(0.03)
+    state.forward_done(record(0.08, None), 0.01)
+    state.forward_done(record(0.5, 0.03), 0.01)  # follows the unplanned batch: not learnt
+    assert state.cost.margin_s() == pytest.approx(0.03)
+    assert state.snapshot()["margin_s"] == pytest.approx(0.03)
+    mean = BrosState(ColocationConfig(mode="bros", latency_model=BROS_MODEL), max_running=64)
+    for _ in range(20):
+        mean.forward_done(record(0.5, 0.0), 0.01)
+    assert mean.tail is None and mean.cost.margin_s() == 0.0

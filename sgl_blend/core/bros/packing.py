@@ -103,6 +103,7 @@ class BrosPlan:
     late: int = 0
     replaced: int = 0
     realtime_queued: int = 0
+    margin_s: float = 0.0  # of predicted_s, the tail's (`cost.PeriodTail`)
 
     @property
     def requests(self) -> list[BrosRequest]:
@@ -114,6 +115,7 @@ class BrosPlan:
             "best_effort": len(self.best_effort),
             "budget_s": None if math.isinf(self.budget_s) else round(self.budget_s, 6),
             "predicted_s": round(self.predicted_s, 6),
+            "margin_s": round(self.margin_s, 6),
             "swap_tokens": self.swap_tokens,
             "batch_size": self.batch_size,
             "pressure": self.pressure.value,
@@ -241,7 +243,17 @@ class BrosScheduler:
         realtime = self.realtime.take(cursor)
         self.batch_size.update(pressure)
         return BrosPlan(
-            realtime, best_effort, budget, batch.time_with(), batch.swap, limit, pressure, late, replaced, queued
+            realtime,
+            best_effort,
+            budget,
+            batch.time_with(),
+            batch.swap,
+            limit,
+            pressure,
+            late,
+            replaced,
+            queued,
+            self.cost.margin_s(),
         )
 
     def _pack_realtime(
@@ -335,7 +347,8 @@ class BrosScheduler:
         measured_s: float | None = None,
     ) -> None:
         """The batch ran (``not_run`` could not get KV slots after all): advance, retire the
-        finished, and put the other RT requests back at their new deadlines."""
+        finished, and put the other RT requests back at their new deadlines. ``measured_s``, the
+        iteration's time, also teaches the cost model's tail how far it ran past the plan."""
         done, skipped = set(finished), set(not_run)
         for request in plan.requests:
             if request.rid not in skipped:
@@ -346,3 +359,5 @@ class BrosScheduler:
                 self.realtime.requeue(request)
         if measured_s is not None:
             self.average_iteration_s += AVERAGE_WEIGHT * (measured_s - self.average_iteration_s)
+            if self.cost.tail is not None:
+                self.cost.tail.observe(plan.predicted_s - plan.margin_s, measured_s)

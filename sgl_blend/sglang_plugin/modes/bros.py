@@ -6,7 +6,9 @@ prompt, output so far, time of their last token and tokens checkpointed to host 
 to `sgl_blend.core.bros`, and Alg. 1 plans the iteration with the fitted latency model plus the
 host's time per request (`cost.HostTime`, learnt from the iteration records' launch-to-launch
 periods), the adaptive batch size and the KV pool (free slots, and the slots each BE request holds, which an
-RT request may take). The plan is applied to the engine:
+RT request may take). With ``--bros-tail-quantile`` the plan also keeps free the margin by which
+that quantile of its periods ran past their plans (`cost.PeriodTail`, learnt from the same
+records). The plan is applied to the engine:
 
 - running BE decodes the plan leaves out are held back with their KV resident
   (`held_decodes`); held BE requests the plan takes are put back, their checkpointed KV first
@@ -42,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
-from sgl_blend.core.bros.cost import HostTime, IterationCost
+from sgl_blend.core.bros.cost import HostTime, IterationCost, PeriodTail
 from sgl_blend.core.bros.metrics import ServiceMetrics
 from sgl_blend.core.bros.packing import AVERAGE_WEIGHT, MIN_CHUNK, BrosPlan, BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
@@ -77,7 +79,8 @@ class BrosState:
         self.slo = slo_of(config)
         assert config.latency_model is not None, "ColocationConfig requires a latency model in bros mode"
         self.host = HostTime()
-        self.cost = IterationCost(model_from_dict(config.latency_model), host=self.host)
+        self.tail = None if config.bros_tail_quantile is None else PeriodTail(config.bros_tail_quantile)
+        self.cost = IterationCost(model_from_dict(config.latency_model), host=self.host, tail=self.tail)
         self.previous_record: dict[str, Any] | None = None  # the previous batch's, for its host gap
         self.batch_size = AdaptiveBatchSize(max_running)
         self.metrics = ServiceMetrics(self.slo, start=time.monotonic())
@@ -99,15 +102,20 @@ class BrosState:
                 "intercept_s": round(self.host.intercept_s, 6),
                 "per_request_s": round(self.host.per_request_s, 9),
             },
+            "margin_s": round(self.cost.margin_s(), 6),
         }
 
     def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
-        """Teach the host-time model the gap after the previous batch (`core.host_gap`); after an
-        idle spell there is none (idle time is not the host's work)."""
+        """Teach the host-time model the gap after the previous batch (`core.host_gap`), and the
+        tail (when planning to one) how far that batch's period ran past its plan's mean; after an
+        idle spell there is no period (idle time is not the host's work)."""
         self.average_iteration_s += AVERAGE_WEIGHT * (forward_s - self.average_iteration_s)
         previous, self.previous_record = self.previous_record, record
-        if previous is not None and record is not None and (gap := gap_after(previous, record)) is not None:
-            self.host.observe(batch_requests(previous), gap)
+        if previous is None or record is None or (gap := gap_after(previous, record)) is None:
+            return
+        self.host.observe(batch_requests(previous), gap)
+        if self.tail is not None and "predicted_s" in previous:
+            self.tail.observe(previous["predicted_s"] - previous["margin_s"], record["period_s"])
 
     def request(self, req: Any, now: float, waiting: bool, host_tokens: int, prompt_done: int = 0) -> BrosRequest:
         """The core's view of an engine request. One in the waiting queue with output already was
