@@ -85,7 +85,7 @@ from bench.colocation_emulated import (
     slo_scaled,
 )
 from bench.shipped_path import HARDWARE
-from sgl_blend.core.bros.cost import HostTime, IterationCost, SwapModel
+from sgl_blend.core.bros.cost import HostTime, IterationCost, PeriodTail, SwapModel
 from sgl_blend.core.bros.requests import SLO as RealtimeSLO
 from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
@@ -290,9 +290,11 @@ class Simulator:
     @classmethod
     def for_report(cls, report: dict[str, Any]) -> Simulator:
         """For the batch, seed and knob ranges a `bench.colocation_emulated` report ran with."""
+        tail = report.get("bros_tail_quantile")
         args = parse_args(
             ["--seed", str(report.get("seed", 0)), "--offline-trace", report["offline_trace"]]
             + ["--offline-lines", str(report["offline_lines"])]
+            + ([] if tail is None else ["--bros-tail-quantile", str(tail)])
         )
         return cls.of(args, *latency_fit(args))
 
@@ -329,7 +331,9 @@ class Simulator:
                 be_concurrency=sizing.max_running_requests,
                 slo=slo,
             )
-            cost = IterationCost(self.bros_model, self.swap, host_time)
+            # and plans to the tail of its periods when the judged engine's did
+            tail = None if self.args.bros_tail_quantile is None else PeriodTail(self.args.bros_tail_quantile)
+            cost = IterationCost(self.bros_model, self.swap, host_time, tail)
             result = run_bros(arrivals, self.offline, ClockDevice(clock, self.swap), cost, settings, horizon)
             return figures(result.online, result.offline_output_tokens_per_s(), front)
         if config == "echo":
