@@ -110,7 +110,7 @@ def test_the_plan_keeps_the_tail_margin_below_its_deadline_and_learns_it_from_fi
     host = HostTime()
     for requests in (1, 400):
         host.observe(requests, 0.0002 * requests)
-    bros = BrosScheduler(IterationCost(cheap, host=host, tail=PeriodTail()), SLO(0.4, 0.2), AdaptiveBatchSize(1024, 1024))
+    bros = BrosScheduler(IterationCost(cheap, host=host, tail=PeriodTail(0.99)), SLO(0.4, 0.2), AdaptiveBatchSize(1024, 1024))
     bros.average_iteration_s = 0.05
     warm = bros.plan(0.0, PLENTY)  # nothing queued: an empty plan, predicted at its mean
     for _ in range(5):

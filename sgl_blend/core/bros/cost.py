@@ -101,20 +101,18 @@ class HostTime:
         return self.intercept_s + self.per_request_s * requests
 
 
-# The share of periods a plan asked to plan to the tail keeps within its deadline, unless told
-# otherwise: the RT token attainment BROS's goal asks.
-TAIL_QUANTILE = 0.99
 # Periods `PeriodTail` remembers: at BROS's 17 iterations a second on the 2-core host about a
 # minute, so its P99 rests on the ten longest overruns rather than on one.
 TAIL_WINDOW = 1000
 
 
 class PeriodTail:
-    """The plan's margin: the `TAIL_QUANTILE` of measured minus predicted periods over the last
+    """The plan's margin: the ``quantile`` of measured minus predicted periods over the last
     ``window`` iterations, never below 0 (a model that over-predicts keeps that slack; the plan
-    never packs past its own mean)."""
+    never packs past its own mean). A quantile of 0.99 keeps 99% of the periods within their
+    deadlines: the RT attainment BROS's goal asks."""
 
-    def __init__(self, quantile: float = TAIL_QUANTILE, window: int = TAIL_WINDOW) -> None:
+    def __init__(self, quantile: float, window: int = TAIL_WINDOW) -> None:
         if not 0.0 < quantile < 1.0 or window < 1:
             raise ValueError(f"a period tail needs a quantile in (0, 1) and a window >= 1, got {quantile}, {window}")
         self.quantile = quantile
