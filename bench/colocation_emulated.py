@@ -396,13 +396,21 @@ def online_references(setup: Setup, engine: Engine, loads: list[Load], cells: li
     """Online-only on every evaluation seed of every load: the targets and their tolerance."""
     for load, cell in zip(loads, cells):
         runs = [
-            progress(f"online-only {load.share:g} seed {seed}", trial(engine, None, trace))
-            for seed, trace in enumerate(load.evaluation, start=FIRST_EVAL_SEED)
+            progress(f"online-only {load.share:g} seed {seed}", {**trial(engine, None, trace), "seed": seed})
+            for seed, trace in enumerate(load.evaluation, start=setup.args.first_seed)
         ]
-        load.targets, load.tolerance = seed_judge.slo_targets(runs), seed_judge.tolerance(runs)
         cell["runs"]["online-only"] = runs
-        cell["targets_s"], cell["seed_spread"] = load.targets, seed_judge.seed_spread(runs)
-        cell["tolerance"] = load.tolerance
+        load.targets, load.tolerance = set_targets(cell)
+
+
+def set_targets(cell: dict[str, Any]) -> tuple[dict[str, float], float]:
+    """A load's targets and tolerance from its online-only runs. A part of an experiment run at one
+    seed (`--first-seed`) has no spread, so no tolerance, until its parts are joined (`--join`)."""
+    references = cell["runs"]["online-only"]
+    cell["targets_s"] = seed_judge.slo_targets(references)
+    cell["seed_spread"] = seed_judge.seed_spread(references) if len(references) > 1 else {}
+    cell["tolerance"] = max(cell["seed_spread"].values(), default=0.0)
+    return cell["targets_s"], cell["tolerance"]
 
 
 def search_and_evaluate(
@@ -443,7 +451,8 @@ def search_and_evaluate(
         cell["search"][name] = found if simulated is None else {**found, "simulator": simulated}
         runs = evaluate(found["value"], load)
         cell["runs"][name] = [
-            progress(f"{name} {load.share:g} seed {seed}", run) for seed, run in enumerate(runs, start=FIRST_EVAL_SEED)
+            progress(f"{name} {load.share:g} seed {seed}", {**run, "seed": seed})
+            for seed, run in enumerate(runs, start=setup.args.first_seed)
         ]
         save(setup, cells)
 
@@ -730,6 +739,14 @@ def markdown(report: dict[str, Any]) -> str:
             + ", ".join(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at)) for at in report["resumed_wall"])
             + ": each run's `started_wall` says which part of the report it belongs to."
         )
+    if report.get("joined"):
+        lines.append(
+            "- Joined (`--join`) from parts run at other evaluation seeds: "
+            + ", ".join(
+                f"{part['report']} (from seed {part['first_seed']}, {part['wall_s']} s)" for part in report["joined"]
+            )
+            + "; every load's targets are from all online-only runs."
+        )
     if report.get("bros_tail_quantile") is not None:
         lines.append(
             f"- BROS planned to the {report['bros_tail_quantile']:g} quantile of its periods (`--bros-tail-quantile`)."
@@ -743,13 +760,14 @@ def markdown(report: dict[str, Any]) -> str:
     for cell in report["cells"]:
         spread = ", ".join(f"{metric} {value:.1%}" for metric, value in cell["seed_spread"].items())
         knobs = "; ".join(
-            f"{config} {found['value']:.4g}{' (not met on tuning)' if found['met'] is False else ''}"
+            f"{config} {found['value']:.4g}"
+            + {False: " (not met on tuning)", None: " (given, not searched)"}.get(found["met"], "")
             for config, found in cell["search"].items()
         )
         lines.append(
             f"- {cell['share']:.0%} load: targets P99 TTFT {cell['targets_s']['ttft_p99'] * 1000:.0f} ms, "
             f"P99 TBT {cell['targets_s']['tbt_p99'] * 1000:.1f} ms; tolerance {cell['tolerance']:.1%} "
-            f"(online-only seed spread: {spread}); knobs found on the tuning seed: {knobs or 'none'}."
+            f"(online-only seed spread: {spread}); knobs: {knobs or 'none'}."
         )
     for mode, goal in report["goals"].items():
         if mode == "bros":
@@ -808,6 +826,39 @@ def merge(report: dict[str, Any], rerun: dict[str, Any], source: Path) -> None:
             if config in cell["search"]:
                 into["search"][config] = cell["search"][config]
             report.setdefault("merged", {})[config] = str(source)
+
+
+# What a part of one experiment run at other seeds (`--first-seed`) may differ in from the report
+# it joins: which seeds, when and where it ran, and what is judged from its runs.
+JOINABLE = ("seeds", "first_seed", "wall_s", "resumed_wall", "cells", "goals", "merged", "joined")
+
+
+def join(report: dict[str, Any], part: dict[str, Any], source: Path) -> None:
+    """A part of the same experiment run at other evaluation seeds (on another host at the same
+    time, say) adds its runs, online-only's included, to ``report``'s at each load, and each load's
+    targets and tolerance are computed again from every online-only run. Knob searches stay
+    ``report``'s: the parts share their tuning seed, so a part's search is the same experiment again."""
+    differ = sorted(
+        key for key in {*report, *part} if key not in JOINABLE and rounded(report.get(key)) != rounded(part.get(key))
+    )
+    if differ:
+        raise SystemExit(f"--join: {source} was run with other settings ({', '.join(differ)})")
+    first = report.get("first_seed", FIRST_EVAL_SEED)
+    if any(
+        seed in range(first, first + report["seeds"])
+        for seed in range(part["first_seed"], part["first_seed"] + part["seeds"])
+    ):
+        raise SystemExit(f"--join: {source} ran seeds the report has already")
+    if [cell["share"] for cell in part["cells"]] != [cell["share"] for cell in report["cells"]]:
+        raise SystemExit(f"--join: {source} ran other loads")
+    for cell, more in zip(report["cells"], part["cells"]):
+        for config, runs in more["runs"].items():
+            cell["runs"].setdefault(config, []).extend(runs)
+        set_targets(cell)
+    report["seeds"] += part["seeds"]
+    report.setdefault("joined", []).append(
+        {"report": str(source), "first_seed": part["first_seed"], "wall_s": part.get("wall_s")}
+    )
 
 
 def publish(report: dict[str, Any], out: Path) -> None:
@@ -881,6 +932,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
         "requests": args.requests,
         "tune_requests": args.tune_requests,
         "seeds": args.seeds,
+        "first_seed": args.first_seed,
         "offline_trace": args.offline_trace,
         "offline_lines": args.offline_lines,
         "max_output": args.max_output,
@@ -923,6 +975,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=1000, help="online requests per evaluation replay")
     parser.add_argument("--tune-requests", type=int, default=400, help="online requests per tuning or capacity replay")
     parser.add_argument("--seeds", type=int, default=3, help="evaluation seeds per configuration and load")
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=FIRST_EVAL_SEED,
+        help="the first evaluation seed: parts of one experiment run at other seeds, then --join",
+    )
     parser.add_argument("--capacity-ttft", type=float, default=0.4, help="capacity SLO: P99 TTFT (s)")
     parser.add_argument("--capacity-tbt", type=float, default=0.1, help="capacity SLO: P99 TBT (s)")
     parser.add_argument(
@@ -983,6 +1041,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[],
         help="with --rejudge: take the configurations this report ran (not its online-only) into --out's first",
     )
+    parser.add_argument(
+        "--join",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --rejudge: add this report's runs at other seeds (--first-seed) to --out's, every load's targets "
+        "computed again",
+    )
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     args.baselines = [b for b in args.baselines.split(",") if b]
@@ -1001,7 +1067,7 @@ def loads_of(setup: Setup, capacity_rate: float) -> list[Load]:
             share,
             share * capacity_rate,
             [
-                trace_of(setup, share * capacity_rate, args.requests, FIRST_EVAL_SEED + seed)
+                trace_of(setup, share * capacity_rate, args.requests, args.first_seed + seed)
                 for seed in range(args.seeds)
             ],
             trace_of(setup, share * capacity_rate, args.tune_requests, TUNE_SEED),
@@ -1058,6 +1124,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.rejudge:
         report = json.loads(args.out.read_text())
+        for path in args.join:
+            join(report, json.loads(path.read_text()), path)
         for path in args.merge:
             merge(report, json.loads(path.read_text()), path)
         publish(write_report(report, args.out), args.out)

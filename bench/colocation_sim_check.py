@@ -436,7 +436,8 @@ def compare(
         probe_work = probe.parent / f"{probe.stem}-work"
     rows = []
     for cell in report["cells"]:
-        seeds = [FIRST_EVAL_SEED + index for index in range(report["seeds"])]
+        first = report.get("first_seed", FIRST_EVAL_SEED)
+        seeds = [first + index for index in range(report["seeds"])]
         rate = cell["rate_per_s"]
         arrivals = {seed: online_arrivals(report, rate, seed, simulator.tokenizer) for seed in seeds}
         tuning = online_arrivals(report, rate, TUNE_SEED, simulator.tokenizer, report["tune_requests"])

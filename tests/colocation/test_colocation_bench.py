@@ -184,6 +184,43 @@ def test_a_configuration_run_again_replaces_its_runs_but_not_the_targets() -> No
     assert cell["search"]["bros"]["value"] == 2.0 and report["merged"] == {"bros": "rerun.json"}
 
 
+def test_parts_run_at_other_seeds_join_into_one_experiment_judged_on_every_seed() -> None:
+    """`--rejudge --join`: a part run at other seeds adds its runs, online-only's included, and the
+    targets and tolerance come from every online-only run; a part run with other settings, at seeds
+    the report has, or at other loads is refused."""
+    from pathlib import Path
+
+    from bench import colocation_emulated, seed_judge
+
+    def part(first_seed: int, ttft: float, tokens: float) -> dict:
+        online = {"ttft_p99": ttft, "tbt_p99": 0.02, "offline_tokens_per_s": 0.0, "seed": first_seed}
+        bros = {"ttft_p99": 0.3, "tbt_p99": 0.05, "offline_tokens_per_s": tokens, "seed": first_seed}
+        return {"requests": 1000, "seeds": 1, "first_seed": first_seed, "wall_s": 400.0 + first_seed,
+                "capacity_slo_s": {"ttft_p99": 0.4, "tbt_p99": 0.1},
+                "cells": [{"share": 0.3, "runs": {"online-only": [online], "bros-at-slo": [bros]},
+                           "search": {"bros-at-slo": {"value": 1.0, "met": None, "binding": [], "trials": []}},
+                           "targets_s": {"ttft_p99": ttft, "tbt_p99": 0.02}, "tolerance": 0.0}]}
+
+    report = part(1, 0.040, 1000.0)
+    for first_seed, ttft, tokens in ((2, 0.050, 1200.0), (3, 0.060, 1100.0)):
+        colocation_emulated.join(report, part(first_seed, ttft, tokens), Path(f"part{first_seed}.json"))
+    (cell,) = report["cells"]
+    online = cell["runs"]["online-only"]
+    assert [run["seed"] for run in online] == [1, 2, 3]
+    assert [run["offline_tokens_per_s"] for run in cell["runs"]["bros-at-slo"]] == [1000.0, 1200.0, 1100.0]
+    assert cell["targets_s"] == seed_judge.slo_targets(online) and cell["targets_s"]["ttft_p99"] == 0.050
+    assert cell["tolerance"] == seed_judge.tolerance(online) > 0
+    assert report["seeds"] == 3 and [joined["first_seed"] for joined in report["joined"]] == [2, 3]
+
+    with pytest.raises(SystemExit, match=r"other settings \(requests\)"):
+        colocation_emulated.join(report, {**part(4, 0.05, 1.0), "requests": 2000}, Path("other.json"))
+    with pytest.raises(SystemExit, match="seeds the report has"):
+        colocation_emulated.join(report, part(2, 0.05, 1.0), Path("again.json"))
+    with pytest.raises(SystemExit, match="other loads"):
+        colocation_emulated.join(report, {**part(4, 0.05, 1.0), "cells": []}, Path("loads.json"))
+    assert report["seeds"] == 3
+
+
 def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_offline_once(
         setup: bench.Setup) -> None:
     arrivals = bench.online_arrivals(setup, "poisson", 1.0, bench.EVAL_SEED)
