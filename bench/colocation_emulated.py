@@ -215,7 +215,7 @@ def serving(
     )
     server = start_server(
         str(launch.model_path),
-        colocation_launch(settings, launch.sglang_args),
+        server_args(setup.args, settings, launch.sglang_args),
         log_path=setup.work / f"{name}.log",
         settings=settings,
         batch_api=config,
@@ -224,6 +224,16 @@ def serving(
         yield Engine(server, records), OfflineBatch(server.base_url, setup.batch_file)
     finally:
         server.stop()
+
+
+def server_args(args: argparse.Namespace, settings: PluginSettings, sglang_args: Sequence[str]) -> list[str]:
+    """The SGLang flags a configuration's server runs with: the co-location defaults, except that
+    with ``--bros-radix-cache`` BROS keeps SGLang's radix cache, which its holding and slot
+    take-over respect (`tests/bros/test_held_decodes_radix.py`)."""
+    flags = colocation_launch(settings, sglang_args)
+    if args.bros_radix_cache:
+        flags = [flag for flag in flags if flag != "--disable-radix-cache"]
+    return flags
 
 
 def trial(
@@ -751,6 +761,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"- BROS planned to the {report['bros_tail_quantile']:g} quantile of its periods (`--bros-tail-quantile`)."
         )
+    if report.get("bros_radix_cache"):
+        lines.append("- BROS kept SGLang's radix cache (`--bros-radix-cache`).")
     if any(config in cell["runs"] for cell in report["cells"] for config in AT_SLO):
         lines.append(
             f"- {' and '.join(AT_SLO)}: judged against the absolute SLO (P99 TTFT <= "
@@ -943,6 +955,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
         "baselines": args.baselines,
         "mode_max_inflight": args.mode_max_inflight,
         "bros_tail_quantile": args.bros_tail_quantile,
+        "bros_radix_cache": args.bros_radix_cache,
         "latency_fit": {form: f["holdout_mape"] for form, f in fit.to_dict()["forms"].items()},
         "capacity_slo_s": {"ttft_p99": args.capacity_ttft, "tbt_p99": args.capacity_tbt},
     }
@@ -1017,6 +1030,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--offline-lines", type=int, default=10000)
     parser.add_argument(
         "--bros-tail-quantile", type=float, default=None, help="BROS plans to this quantile of its periods (as serve)"
+    )
+    parser.add_argument(
+        "--bros-radix-cache",
+        action="store_true",
+        help="BROS keeps SGLang's radix cache (it runs with --disable-radix-cache by default)",
     )
     parser.add_argument("--prompts", type=int, default=2000, help="ShareGPT first turns online requests cycle through")
     parser.add_argument("--max-prompt-chars", type=int, default=4000)

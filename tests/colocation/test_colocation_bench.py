@@ -18,6 +18,7 @@ from bench import colocation_sim as bench
 from bench.load_picker import pick_rate
 from sgl_blend.core.bros.cost import IterationCost, SwapModel
 from sgl_blend.core.bros.requests import SLO as RealtimeSLO
+from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
 from sgl_blend.core.slo_search import SLO, steps_for, violations
 from sgl_blend.sim.bros_colocation import ClockDevice, run_bros
@@ -26,6 +27,7 @@ from sgl_blend.sim.bros_engine import SimSettings
 from sgl_blend.forward_time.overlap import overlap_function
 from sgl_blend.forward_time.step_time import NoisyClock, StepTime, fit_latency
 from sgl_blend.sim.workload import SimRequest, chain_hash
+from sgl_blend.sglang_plugin.settings import OFF, PluginSettings
 
 DURATION_S = 20.0
 
@@ -219,6 +221,21 @@ def test_parts_run_at_other_seeds_join_into_one_experiment_judged_on_every_seed(
     with pytest.raises(SystemExit, match="other loads"):
         colocation_emulated.join(report, {**part(4, 0.05, 1.0), "cells": []}, Path("loads.json"))
     assert report["seeds"] == 3
+
+
+def test_bros_keeps_the_radix_cache_only_when_asked(setup: bench.Setup) -> None:
+    """`--bros-radix-cache` drops only BROS's `--disable-radix-cache`; other modes' flags stay."""
+    from bench import colocation_emulated
+
+    model = setup.latency_model
+    bros = PluginSettings(offline_policy=OFF, colocation=ColocationConfig(mode="bros", latency_model=model))
+    hygen = PluginSettings(offline_policy="psm", colocation=ColocationConfig(mode="hygen", latency_model=model))
+    default = colocation_emulated.parse_args([])
+    asked = colocation_emulated.parse_args(["--bros-radix-cache"])
+    assert "--disable-radix-cache" in colocation_emulated.server_args(default, bros, ["--port", "1"])
+    kept = colocation_emulated.server_args(asked, bros, ["--port", "1"])
+    assert "--disable-radix-cache" not in kept and kept[:2] == ["--port", "1"]
+    assert colocation_emulated.server_args(asked, hygen, []) == colocation_emulated.server_args(default, hygen, [])
 
 
 def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_offline_once(
