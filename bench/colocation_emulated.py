@@ -49,7 +49,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -850,16 +850,10 @@ def join(report: dict[str, Any], part: dict[str, Any], source: Path) -> None:
     time, say) adds its runs, online-only's included, to ``report``'s at each load, and each load's
     targets and tolerance are computed again from every online-only run. Knob searches stay
     ``report``'s: the parts share their tuning seed, so a part's search is the same experiment again."""
-    differ = sorted(
-        key for key in {*report, *part} if key not in JOINABLE and rounded(report.get(key)) != rounded(part.get(key))
-    )
+    differ = differing((key for key in {*report, *part} if key not in JOINABLE), report, part)
     if differ:
         raise SystemExit(f"--join: {source} was run with other settings ({', '.join(differ)})")
-    first = report.get("first_seed", FIRST_EVAL_SEED)
-    if any(
-        seed in range(first, first + report["seeds"])
-        for seed in range(part["first_seed"], part["first_seed"] + part["seeds"])
-    ):
+    if set(evaluation_seeds(report)) & set(evaluation_seeds(part)):
         raise SystemExit(f"--join: {source} ran seeds the report has already")
     if [cell["share"] for cell in part["cells"]] != [cell["share"] for cell in report["cells"]]:
         raise SystemExit(f"--join: {source} ran other loads")
@@ -1108,13 +1102,24 @@ def rounded(setting: Any) -> Any:
     return setting
 
 
+def differing(keys: Iterable[str], report: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """The settings among ``keys`` two reports (or a report and a run's header) differ in."""
+    return sorted(key for key in keys if rounded(report.get(key)) != rounded(other.get(key)))
+
+
+def evaluation_seeds(report: dict[str, Any]) -> range:
+    """The evaluation seeds a report ran (a report from before `--first-seed` began at the first)."""
+    first = report.get("first_seed", FIRST_EVAL_SEED)
+    return range(first, first + report["seeds"])
+
+
 def resumed(out: Path, header: dict[str, Any], shares: list[float]) -> dict[str, Any]:
     """The report at ``out``, to go on with: the configurations it has are kept, the rest run. Its
     settings must be this run's, or its figures and the new ones would not be one experiment."""
     if not out.exists():
         raise SystemExit(f"--resume: no report at {out}")
     report = json.loads(out.read_text())
-    differ = sorted(key for key in header if key not in RESUMABLE and rounded(report.get(key)) != rounded(header[key]))
+    differ = differing((key for key in header if key not in RESUMABLE), report, header)
     if [cell["share"] for cell in report["cells"]] != shares:
         differ.append("loads")
     if differ:

@@ -73,10 +73,10 @@ from bench.colocation_emulated import (
     BASELINE,
     BASELINE_AT_SLO,
     DEVICE,
-    FIRST_EVAL_SEED,
     MODEL,
     RUNS_AS,
     TUNE_SEED,
+    evaluation_seeds,
     latency_fit,
     parse_args,
     search,
@@ -436,8 +436,7 @@ def compare(
         probe_work = probe.parent / f"{probe.stem}-work"
     rows = []
     for cell in report["cells"]:
-        first = report.get("first_seed", FIRST_EVAL_SEED)
-        seeds = [first + index for index in range(report["seeds"])]
+        seeds = list(evaluation_seeds(report))
         rate = cell["rate_per_s"]
         arrivals = {seed: online_arrivals(report, rate, seed, simulator.tokenizer) for seed in seeds}
         tuning = online_arrivals(report, rate, TUNE_SEED, simulator.tokenizer, report["tune_requests"])

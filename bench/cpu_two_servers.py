@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -22,24 +21,19 @@ import openai
 from sgl_blend.workloads.batch_files import fewshot_lines, write_jsonl
 from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.client.batches import submit, wait
+from sgl_blend.launch.colocation import free_port
 from sgl_blend.launch.supervisor import start_server
 
 RESULTS = Path(__file__).parent / "results"
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_batch(work: Path, lines: list[dict], workers: int) -> dict[str, Any]:
     """Start ``workers`` servers (the first coordinates), run the batch, stop them; its timing."""
     work.mkdir(parents=True, exist_ok=True)
-    others = [start_server("tiny-llama", ["--port", str(_port())], log_path=work / f"worker{index}.log")
+    others = [start_server("tiny-llama", ["--port", str(free_port())], log_path=work / f"worker{index}.log")
               for index in range(1, workers)]
     config = BatchApiConfig(data_dir=work / "data", workers=tuple(server.base_url for server in others))
-    coordinator = start_server("tiny-llama", ["--port", str(_port()), "--enable-cache-report"],
+    coordinator = start_server("tiny-llama", ["--port", str(free_port()), "--enable-cache-report"],
                                log_path=work / "coordinator.log", batch_api=config)
     try:
         client = openai.OpenAI(base_url=f"{coordinator.base_url}/v1", api_key="unused", max_retries=0)
