@@ -357,9 +357,13 @@ class PlannedPolicy(ABC):
             if self.computes_prefixes_once:
                 # Its whole path, unshared nodes too: a request arriving later that shares part
                 # of it splits the node, and the shared upper part keeps the mark.
-                state.computes = tuple(node for node in self._path(index) if node.first_admitted < 0)
-                for node in state.computes:
-                    node.first_admitted = self._iteration
+                depth = 0
+                for node in self._path(index):
+                    if node.first_admitted < 0:
+                        node.first_admitted = self._iteration
+                        if state.computes_from is None:
+                            state.computes_from = depth
+                    depth += node.edge_len
             state.side = SAMPLE_SIDE if state.sample else state.proposed or COMPUTE
             state.proposed = None
             self._set_status(state, Status.RUNNING)
@@ -375,9 +379,13 @@ class PlannedPolicy(ABC):
         now, and requests sharing them wait on (`_prefix_in_flight`). No stall: this comes only
         from a forward that runs the request."""
         state = self._by_rid.get(rid)
-        if state is not None:
-            for node in state.computes:
+        if state is None or state.computes_from is None:
+            return
+        depth = 0
+        for node in self._path(state.index):
+            if depth >= state.computes_from:
                 node.first_admitted = self._iteration
+            depth += node.edge_len
 
     def progress(self, rid: str, decoded_tokens: int) -> None:
         state = self._by_rid.get(rid)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from enum import Enum
 
 from sgl_blend.core.placement import Placement
-from sgl_blend.core.prefix_tree import Node
 from sgl_blend.core.protocol import OfflineRequest
 
 
@@ -43,9 +42,11 @@ class RequestState:
     """The side it was admitted to while it runs (the sample side, or a scan side)."""
     reuse: int | None = None
     """Prompt tokens it reuses from the request before it in the current plan; None outside one."""
-    computes: tuple[Node, ...] = ()
-    """The prefix-tree nodes of its prompt it was the first admitted to compute: in flight while it
-    prefills, for every request that shares them (`PlannedPolicy._prefix_in_flight`)."""
+    computes_from: int | None = None
+    """Where the part of its prompt it was the first admitted to compute starts, in tokens (None:
+    another request computes all of it). Those tokens are in flight while it prefills, for every
+    request that shares them (`PlannedPolicy._prefix_in_flight`). A depth, not the nodes: a later
+    arrival sharing part of them splits a node, and the shared upper part is a new node."""
 
     @property
     def rid(self) -> str:

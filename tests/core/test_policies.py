@@ -187,3 +187,23 @@ def test_a_request_arriving_after_the_first_of_its_family_was_admitted_waits_for
     assert policy.propose(100_000, 8) == []
     policy.advance(1)
     assert [request.rid for request in policy.propose(100_000, 8)] == ["r1"]
+
+
+def test_a_request_arriving_while_the_first_of_its_family_is_chunked_waits_for_its_last_chunk() -> None:
+    """The first of a family, admitted alone, holds its whole prompt in one tree node; the second,
+    arriving while the first is still prefilled in chunks, splits that node, and the shared upper
+    part is a new node. Each further chunk of the first must still keep that part in flight: the
+    second waits for the last chunk rather than computing the prefix again."""
+    first, second = _sharing_pair(output=8)
+    policy = _dfs_policy(2, [first])
+    assert [request.rid for request in policy.propose(100_000, 8)] == ["r0"]
+    policy.admitted(["r0"])
+    policy.advance(1)
+    policy.submit([second])
+    for _ in range(3):  # three more chunks of r0
+        policy.prefill_continues("r0")
+        assert policy.propose(100_000, 8) == []
+        policy.advance(1)
+    assert policy.propose(100_000, 8) == []
+    policy.advance(1)
+    assert [request.rid for request in policy.propose(100_000, 8)] == ["r1"]
