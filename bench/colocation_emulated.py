@@ -29,8 +29,8 @@ Configurations: online-only; hygen (HyGen mode, PSM order, budget searched); hyg
 HyGen-mode engine with no budget, offline concurrency searched); echo; bros; and
 sglang-priority-searched (``--enable-priority-scheduling --schedule-policy fcfs``, online at
 priority 100, batch lines with none, which SGLang ranks lowest, offline concurrency searched).
-BROS's goal is judged at the absolute SLO, on two more: bros-at-slo (BROS with its deadlines at
-that SLO) and sglang-priority-at-slo (the priority baseline with its concurrency searched against
+BROS's goal is judged at the absolute SLO, on two more: bros-at-slo (BROS with its deadlines at k
+times that SLO, k searched up to 1) and sglang-priority-at-slo (the priority baseline with its concurrency searched against
 it, reusing the trials of the search above).
 
 ``--resume`` goes on with the report at ``--out`` (run with the same settings): it keeps the
@@ -98,10 +98,17 @@ GOALS = {"hygen": 2.0, "echo": 1.5}
 # attainment of the absolute SLO (``--capacity-ttft`` / ``--capacity-tbt``, BROS's 400 / 100 ms).
 BROS_GOAL = 1.3
 # The configurations BROS's goal is judged on, each against the absolute SLO with no tolerance:
-# BROS with its deadlines at that SLO (k = 1, as BROS is given an RT SLO), and SGLang's priority
+# BROS with its deadlines at k times that SLO (k searched, `AT_SLO_LOW_SCALE`), and SGLang's priority
 # scheduling with its offline concurrency searched against it.
 BROS_AT_SLO, BASELINE_AT_SLO = "bros-at-slo", "sglang-priority-at-slo"
 AT_SLO = (BROS_AT_SLO, BASELINE_AT_SLO)
+# bros-at-slo's deadlines are k times the absolute SLO, k searched in [this, 1], as the priority
+# baseline's concurrency is searched against it. BROS fills each period up to its TPOT deadline,
+# and at k = 1 5-10% of its periods with RT requests ran past 100 ms on the emulated H100 over a
+# 2-core host (results.md, "BROS planning to the tail of its periods"). Online-only's own P99 TBT
+# there was 12-39 ms in the judged runs: a TPOT deadline much below 25 ms leaves every RT request
+# infeasible, and BROS's guard then lifts the budget.
+AT_SLO_LOW_SCALE = 0.25
 ALL_MODES, BASELINES = (*MODES, BROS_AT_SLO), (BASELINE, "hygen-star", BASELINE_AT_SLO)
 # A configuration whose tuning trials are another's: the same server and trace at each value.
 SAME_TRIALS = {BASELINE_AT_SLO: BASELINE}
@@ -368,6 +375,14 @@ def hygen_settings(setup: Setup, mode: str, **colocation: Any) -> PluginSettings
     )
 
 
+def at_slo_scale(text: str) -> float:
+    """bros-at-slo's lowest deadline scale, in (0, 1]: above 1 it would plan past the SLO it is judged at."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value:g} is not in (0, 1]")
+    return value
+
+
 def slo_scaled(k: float, targets: dict[str, float]) -> dict[str, float]:
     """Echo's and BROS's SLO settings: ``k`` times the load's targets; an iteration no online
     deadline bounds is capped at the TPOT deadline."""
@@ -617,14 +632,18 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
             priority=True,
         )
     if BROS_AT_SLO in args.modes:
-        deadlines = slo_scaled(1.0, setup.header["capacity_slo_s"])
+        absolute = setup.header["capacity_slo_s"]
         fresh_server_knob(
             setup,
             BROS_AT_SLO,
             loads,
             cells,
-            lambda _k, _load: (hygen_settings(setup, RUNS_AS[BROS_AT_SLO], **deadlines), [], args.mode_max_inflight),
-            1.0,
+            lambda k, _load: (
+                hygen_settings(setup, RUNS_AS[BROS_AT_SLO], **slo_scaled(k, absolute)),
+                [],
+                args.mode_max_inflight,
+            ),
+            args.low_bros_at_slo_scale,
             1.0,
         )
 
@@ -767,7 +786,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"- {' and '.join(AT_SLO)}: judged against the absolute SLO (P99 TTFT <= "
             f"{slo['ttft_p99'] * 1000:.0f} ms, P99 TBT <= {slo['tbt_p99'] * 1000:.0f} ms) with no tolerance; "
-            f"{BROS_AT_SLO} has its deadlines at it (k = 1)."
+            f"{BROS_AT_SLO} has its deadlines at k times it."
         )
     for cell in report["cells"]:
         spread = ", ".join(f"{metric} {value:.1%}" for metric, value in cell["seed_spread"].items())
@@ -950,6 +969,7 @@ def build_setup(args: argparse.Namespace) -> Setup:
         "mode_max_inflight": args.mode_max_inflight,
         "bros_tail_quantile": args.bros_tail_quantile,
         "bros_radix_cache": args.bros_radix_cache,
+        "bros_at_slo_low_scale": args.low_bros_at_slo_scale,
         "latency_fit": {form: f["holdout_mape"] for form, f in fit.to_dict()["forms"].items()},
         "capacity_slo_s": {"ttft_p99": args.capacity_ttft, "tbt_p99": args.capacity_tbt},
     }
@@ -1012,6 +1032,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--low-budget-ms", type=float, default=8.0)
     parser.add_argument("--high-budget-ms", type=float, default=64.0)
     add_deadline_scale_arguments(parser, high=4.0)
+    parser.add_argument(
+        "--low-bros-at-slo-scale",
+        type=at_slo_scale,
+        default=AT_SLO_LOW_SCALE,
+        help="bros-at-slo plans to k times the absolute SLO, k searched from this up to 1 (1: the paper's BROS, "
+        "no search)",
+    )
     parser.add_argument("--low-concurrency", type=float, default=1.0, help="offline lines in flight, lowest")
     parser.add_argument("--high-concurrency", type=float, default=256.0)
     parser.add_argument(

@@ -164,6 +164,20 @@ def test_both_benches_refuse_deadlines_below_what_online_only_achieves() -> None
                 parse([flag, "0.5"])
 
 
+def test_bros_at_the_slo_searches_its_deadlines_only_below_the_slo_it_is_judged_at() -> None:
+    """bros-at-slo plans to k times the absolute SLO, k searched up to 1: a lowest k above 1 (planning
+    past the SLO) or at 0 is refused, and k = 1 alone is the paper's BROS, not searched."""
+    from bench import colocation_emulated
+
+    assert colocation_emulated.parse_args([]).low_bros_at_slo_scale == colocation_emulated.AT_SLO_LOW_SCALE < 1
+    assert colocation_emulated.parse_args(["--low-bros-at-slo-scale", "1"]).low_bros_at_slo_scale == 1.0
+    for value in ("1.5", "0"):
+        with pytest.raises(SystemExit):
+            colocation_emulated.parse_args(["--low-bros-at-slo-scale", value])
+    assert colocation_emulated.slo_scaled(0.5, {"ttft_p99": 0.4, "tbt_p99": 0.1}) == {
+        "ttft_slo_s": 0.2, "tpot_slo_s": 0.05, "idle_budget_s": 0.05}
+
+
 def test_a_configuration_run_again_replaces_its_runs_but_not_the_targets() -> None:
     """`--rejudge --merge`: the rerun's BROS runs and search replace the report's at the load both
     measured; the report's online-only runs (its targets) stay, and a load only the rerun measured
