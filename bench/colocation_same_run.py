@@ -38,7 +38,6 @@ from bench.colocation_sim_check import (
     differences,
     engine_figures,
     host_gaps,
-    in_replay,
     iteration_log,
     online_arrivals,
     over_flag,
@@ -51,11 +50,10 @@ COMPARED = ("ttft_p99", "scheduler_ttft_p99", "tbt_p99", "engine_tbt_p99", "engi
 def emulated(row: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, float]:
     """A probe replay's figures: the client's from the probe, the engine's from its records inside
     the replay's window."""
-    window = [record for record in records if in_replay(record, row)]
     return {
         "ttft_p99": row["ttft_p99"],
         "tbt_p99": row["tbt_p99"],
-        **engine_figures(window, row["window_s"], row["requests"]),
+        **engine_figures(records, row, row["requests"]),
     }
 
 

@@ -76,9 +76,12 @@ from bench.colocation_emulated import (
     MODEL,
     RUNS_AS,
     TUNE_SEED,
+    decoded_tokens_per_s,
     evaluation_seeds,
+    in_replay,
     latency_fit,
     parse_args,
+    record_file,
     search,
     server_name,
     slo_for,
@@ -155,28 +158,6 @@ def has_offline(record: dict[str, Any]) -> bool:
     return bool(record["offline_prefill"] or record["offline_decode"])
 
 
-def record_file(config: str, share: float, value: float | None) -> str:
-    """The iteration log of the server ``config``'s evaluation ran on (`colocation_emulated.serving`):
-    online-only's and HyGen's first server, Echo's own, one per load and knob for BROS and the
-    baselines."""
-    if config == "online-only":
-        return "hygen.records.jsonl"
-    if config in ("echo", "hygen"):
-        return f"{config}.records.jsonl"
-    assert value is not None, "a fresh-knob configuration is evaluated at its searched value"
-    return f"{server_name(config, share, value)}.records.jsonl"
-
-
-# `started_wall` is rounded to a tenth of a second: a replay's records lie within half of it.
-WALL_ROUNDING_S = 0.05
-
-
-def in_replay(record: dict[str, Any], run: dict[str, Any]) -> bool:
-    """Whether ``record``'s batch ended during ``run``'s replay (``started_wall`` for ``window_s``)."""
-    start = run["started_wall"] - WALL_ROUNDING_S
-    return start <= record["wall"] <= start + run["window_s"] + 2 * WALL_ROUNDING_S
-
-
 def host_gaps(config: str, records: list[dict[str, Any]], runs: list[dict[str, Any]]) -> HostGaps:
     """The host gaps measured during ``runs``' replays; for a co-location mode, only after
     iterations that carried offline work, the regime it runs in."""
@@ -200,16 +181,17 @@ def scheduler_ttfts(records: Sequence[dict[str, Any]]) -> list[float]:
     return [record["wall"] - received for record in records for received in record.get("online_prefilled", ())]
 
 
-def engine_figures(records: Sequence[dict[str, Any]], window_s: float, requests: int) -> dict[str, float]:
-    """The engine's figures of one replay from its iteration ``records`` (those of its window,
-    ``window_s`` long). Raises when they hold other than the replay's ``requests`` first tokens."""
-    first_tokens = scheduler_ttfts(records)
+def engine_figures(records: Sequence[dict[str, Any]], run: dict[str, Any], requests: int) -> dict[str, float]:
+    """The engine's figures of one replay (``run``) from its server's iteration ``records``, those in
+    the replay's window. Raises when they hold other than the replay's ``requests`` first tokens."""
+    window = [record for record in records if in_replay(record, run)]
+    first_tokens = scheduler_ttfts(window)
     if len(first_tokens) != requests:
         raise ValueError(f"the replay's records hold {len(first_tokens)} first tokens, it sent {requests} requests")
     return {
-        "engine_offline_tokens_per_s": sum(record["offline_decode"] for record in records) / window_s,
+        "engine_offline_tokens_per_s": decoded_tokens_per_s(window, run),
         "scheduler_ttft_p99": float(np.percentile(first_tokens, 99)),
-        "engine_tbt_p99": float(np.percentile(engine_token_gaps(records), 99)),
+        "engine_tbt_p99": float(np.percentile(engine_token_gaps(window), 99)),
     }
 
 
@@ -221,7 +203,7 @@ def emulated_figures(
     return [
         {
             **{metric: run[metric] for metric in CLIENT_METRICS},
-            **engine_figures([record for record in records if in_replay(record, run)], run["window_s"], len(trace)),
+            **engine_figures(records, run, len(trace)),
         }
         for run, trace in zip(runs, traces, strict=True)
     ]

@@ -77,12 +77,17 @@ class Verdict:
 
 
 def verdict(
-    config: str, runs: Sequence[Mapping[str, Any]], targets: Mapping[str, float], tolerance_share: float
+    config: str,
+    runs: Sequence[Mapping[str, Any]],
+    targets: Mapping[str, float],
+    tolerance_share: float,
+    throughput: str = "offline_tokens_per_s",
 ) -> Verdict:
-    """``config``'s seeds judged against the targets; its offline tokens/s is the mean over seeds."""
+    """``config``'s seeds judged against the targets; its offline tokens/s is the mean over seeds of
+    the runs' ``throughput`` figure."""
     met = sum(not violated(run, targets, tolerance_share) for run in runs)
-    throughput = statistics.fmean(run.get("offline_tokens_per_s", 0.0) for run in runs) if runs else 0.0
-    return Verdict(config, met, len(runs), throughput)
+    mean = statistics.fmean(run.get(throughput, 0.0) for run in runs) if runs else 0.0
+    return Verdict(config, met, len(runs), mean)
 
 
 def over_baseline(mode: Verdict, baseline: Verdict) -> dict[str, Any]:

@@ -237,6 +237,55 @@ def test_parts_run_at_other_seeds_join_into_one_experiment_judged_on_every_seed(
     assert report["seeds"] == 3
 
 
+def test_the_judge_scores_the_offline_tokens_the_engine_decoded_in_the_window(tmp_path) -> None:
+    """A policy decoding many lines at once finishes few long ones within a replay: on committed
+    tokens it loses, on the tokens the engine decoded in the window (its iteration records) it
+    wins. A report from before the decoded figure is judged on it from the records its servers
+    left; a run its server's records do not cover refuses the rejudge."""
+    import json
+
+    from bench import colocation_emulated as judge
+
+    def run(started: float, committed: float) -> dict:
+        return {"started_wall": started, "window_s": 10.0, "ttft_p99": 0.3, "tbt_p99": 0.09,
+                "offline_tokens_per_s": committed}
+
+    bros = [run(100.0 + 20 * seed, 2000.0) for seed in range(3)]
+    priority = [run(200.0 + 20 * seed, 2500.0) for seed in range(3)]
+    trial = {"value": 16.0, **run(300.0, 2600.0)}
+    report = {"capacity_slo_s": {"ttft_p99": 0.4, "tbt_p99": 0.1}, "capacity": {"value": 41.5, "met": True},
+              "cells": [{"share": 0.3, "rate_per_s": 12.45, "seed_spread": {},
+                         "targets_s": {"ttft_p99": 0.05, "tbt_p99": 0.013}, "tolerance": 0.5,
+                         "runs": {"online-only": [run(50.0, 0.0)], judge.BROS_AT_SLO: bros,
+                                  judge.BASELINE_AT_SLO: priority},
+                         "search": {judge.BROS_AT_SLO: {"value": 1.0, "met": True, "trials": []},
+                                    judge.BASELINE_AT_SLO: {"value": 64.0, "met": True, "trials": [trial]}}}]}
+    work = tmp_path / "report-work"
+    work.mkdir()
+
+    def write_records(config: str, value: float, starts: list[float], per_batch: int) -> None:
+        records = [{"wall": start + 0.5 * tick, "offline_decode": per_batch} for start in starts for tick in range(20)]
+        records.append({"wall": starts[-1] + 30.0, "offline_decode": 10**6})  # after every window
+        path = work / judge.record_file(config, 0.3, value)
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+    write_records(judge.BROS_AT_SLO, 1.0, [r["started_wall"] for r in bros], 250)  # 500 tok/s a window
+    write_records(judge.BASELINE_AT_SLO, 64.0, [r["started_wall"] for r in priority], 180)
+    committed = judge.write_report(json.loads(json.dumps(report)), tmp_path / "committed.json")
+    assert committed["goals"]["bros"]["loads"][0]["ratio"] == round(2000 / 2600, 3)
+
+    with pytest.raises(SystemExit, match="holds no records"):
+        judge.decoded_from_records(json.loads(json.dumps(report)), work)
+    write_records(judge.BASELINE_AT_SLO, 16.0, [trial["started_wall"]], 200)
+    judge.decoded_from_records(report, work)
+    assert [r[judge.DECODED] for r in bros] == [500.0] * 3 and trial[judge.DECODED] == 400.0
+    decoded = judge.write_report(report, tmp_path / "decoded.json")
+    (load,) = decoded["goals"]["bros"]["loads"]
+    assert (load["bros_tokens_per_s"], load["priority_best_attaining_tokens_per_s"]) == (500.0, 400.0)
+    assert load["ratio"] == 1.25 and not decoded["goals"]["bros"]["met"]
+    assert "offline tok/s (decoded) | committed tok/s" in judge.markdown(decoded)
+
+
 def test_bros_keeps_the_radix_cache_only_when_asked(setup: bench.Setup) -> None:
     """`--bros-radix-cache` drops only BROS's `--disable-radix-cache`; other modes' flags stay."""
     from bench import colocation_emulated

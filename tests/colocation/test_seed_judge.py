@@ -71,11 +71,11 @@ def test_the_judge_refuses_a_baseline_that_misses_the_slo() -> None:
     missed = cell([run(400, 20, 9000), run(105, 20, 9000), run(380, 30, 9000)])
     met = cell([run(105, 20, 1000), run(108, 21, 1100), run(109, 20, 1200)])
 
-    refused = bench.judged(missed, ABSOLUTE)["over_baseline"]["hygen"]
+    refused = bench.judged(missed, ABSOLUTE, bench.COMMITTED)["over_baseline"]["hygen"]
     assert refused["ratio"] is None and refused["why"].startswith("baseline refused: it met the SLO on 1 of 3")
-    assert bench.judged(met, ABSOLUTE)["over_baseline"]["hygen"] == {"ratio": 2.82, "why": ""}
-    assert bench.goals([{**met, "judged": bench.judged(met, ABSOLUTE)}])["hygen"]["met"]
-    assert not bench.goals([{**missed, "judged": bench.judged(missed, ABSOLUTE)}])["hygen"]["met"]
+    assert bench.judged(met, ABSOLUTE, bench.COMMITTED)["over_baseline"]["hygen"] == {"ratio": 2.82, "why": ""}
+    assert bench.goals([{**met, "judged": bench.judged(met, ABSOLUTE, bench.COMMITTED)}])["hygen"]["met"]
+    assert not bench.goals([{**missed, "judged": bench.judged(missed, ABSOLUTE, bench.COMMITTED)}])["hygen"]["met"]
 
 
 def test_bros_is_held_to_the_best_priority_run_that_attains_the_absolute_slo() -> None:
@@ -92,18 +92,18 @@ def test_bros_is_held_to_the_best_priority_run_that_attains_the_absolute_slo() -
         "runs": {**base["runs"], bench.BASELINE_AT_SLO: base["runs"][bench.BASELINE], bench.BROS_AT_SLO: bros,
                  "bros": [run(40, 9, 9000)] * 3},
     }
-    goal = bench.bros_goal([{**attaining, "share": 0.3}], ABSOLUTE)
+    goal = bench.bros_goal([{**attaining, "share": 0.3}], ABSOLUTE, bench.COMMITTED)
     assert goal is not None and goal["loads"][0]["priority_best_attaining_tokens_per_s"] == 1000
     assert goal["loads"][0]["ratio"] == 1.3 and goal["met"]
-    verdicts = bench.judged(attaining, ABSOLUTE)["verdicts"]
+    verdicts = bench.judged(attaining, ABSOLUTE, bench.COMMITTED)["verdicts"]
     assert verdicts[bench.BROS_AT_SLO]["met"], "judged against the absolute SLO, not the load's targets"
-    assert bench.BROS_AT_SLO not in bench.judged(attaining, ABSOLUTE)["over_baseline"]
+    assert bench.BROS_AT_SLO not in bench.judged(attaining, ABSOLUTE, bench.COMMITTED)["over_baseline"]
 
     missing = {**attaining, "runs": {**attaining["runs"], bench.BROS_AT_SLO: [run(450, 90, 9000), run(390, 120, 9000),
                                                                             run(380, 99, 9000)]}}
-    assert not bench.bros_goal([{**missing, "share": 0.3}], ABSOLUTE)["met"]
+    assert not bench.bros_goal([{**missing, "share": 0.3}], ABSOLUTE, bench.COMMITTED)["met"]
     without = {**attaining, "runs": {key: runs for key, runs in attaining["runs"].items() if key != bench.BROS_AT_SLO}}
-    assert bench.bros_goal([{**without, "share": 0.3}], ABSOLUTE) is None
+    assert bench.bros_goal([{**without, "share": 0.3}], ABSOLUTE, bench.COMMITTED) is None
 
 
 def fake_engine(threshold: float, evaluated: list[float]):
