@@ -379,7 +379,9 @@ def progress(label: str, run: dict[str, Any]) -> dict[str, Any]:
     )
     print(
         f"{time.strftime('%H:%M:%S')} {label}: {run.get('failed') or ''}P99 TTFT {run['ttft_p99'] * 1000:.0f} ms, "
-        f"P99 TBT {run['tbt_p99'] * 1000:.1f} ms, offline {run['offline_tokens_per_s']:.0f} tok/s{device}",
+        f"P99 TBT {run['tbt_p99'] * 1000:.1f} ms, offline {run['offline_tokens_per_s']:.0f} tok/s"
+        + (f" ({run[DECODED]:.0f} decoded)" if DECODED in run else "")
+        + device,
         flush=True,
     )
     return run

@@ -62,6 +62,7 @@ class Verdict:
     seeds_met: int
     seeds: int
     offline_tokens_per_s: float
+    """The mean over seeds of the run figure the judge scores throughput on (`verdict`'s ``throughput``)."""
 
     @property
     def met(self) -> bool:

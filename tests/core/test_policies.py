@@ -174,33 +174,21 @@ def test_a_request_waits_while_the_prefix_it_shares_is_still_being_prefilled_in_
     assert [request.rid for request in policy.propose(100_000, 8)] == ["r1"]
 
 
-def test_a_request_arriving_after_the_first_of_its_family_was_admitted_waits_for_its_prefix() -> None:
+@pytest.mark.parametrize("further_chunks", [0, 3])
+def test_a_request_arriving_after_the_first_of_its_family_was_admitted_waits_for_its_prefix(
+        further_chunks: int) -> None:
     """A runner refilling the engine sends a family's lines a few at a time: the first is admitted
-    while its prefix is still its own, and the next, arriving a forward later, shares it. That
-    one waits until the first's forward is processed instead of computing the prefix again."""
+    while its prefix is still its own tree node, and the next, arriving a forward later, shares it
+    and splits that node (the shared upper part is a new node). The next waits until the first's
+    last prefill chunk is processed instead of computing the prefix again: each further chunk of
+    the first keeps the upper part in flight too."""
     first, second = _sharing_pair(output=8)
     policy = _dfs_policy(2, [first])
     assert [request.rid for request in policy.propose(100_000, 8)] == ["r0"]
     policy.admitted(["r0"])
     policy.advance(1)
     policy.submit([second])
-    assert policy.propose(100_000, 8) == []
-    policy.advance(1)
-    assert [request.rid for request in policy.propose(100_000, 8)] == ["r1"]
-
-
-def test_a_request_arriving_while_the_first_of_its_family_is_chunked_waits_for_its_last_chunk() -> None:
-    """The first of a family, admitted alone, holds its whole prompt in one tree node; the second,
-    arriving while the first is still prefilled in chunks, splits that node, and the shared upper
-    part is a new node. Each further chunk of the first must still keep that part in flight: the
-    second waits for the last chunk rather than computing the prefix again."""
-    first, second = _sharing_pair(output=8)
-    policy = _dfs_policy(2, [first])
-    assert [request.rid for request in policy.propose(100_000, 8)] == ["r0"]
-    policy.admitted(["r0"])
-    policy.advance(1)
-    policy.submit([second])
-    for _ in range(3):  # three more chunks of r0
+    for _ in range(further_chunks):
         policy.prefill_continues("r0")
         assert policy.propose(100_000, 8) == []
         policy.advance(1)
