@@ -30,8 +30,8 @@ HyGen-mode engine with no budget, offline concurrency searched); echo; bros; and
 sglang-priority-searched (``--enable-priority-scheduling --schedule-policy fcfs``, online at
 priority 100, batch lines with none, which SGLang ranks lowest, offline concurrency searched).
 BROS's goal is judged at the absolute SLO, on two more: bros-at-slo (BROS with its deadlines at k
-times that SLO, k searched up to 1) and sglang-priority-at-slo (the priority baseline with its concurrency searched against
-it, reusing the trials of the search above).
+times that SLO, k searched up to 1) and sglang-priority-at-slo (the priority baseline with its
+concurrency searched against it, reusing the trials of the search above).
 
 ``--resume`` goes on with the report at ``--out`` (run with the same settings): it keeps the
 capacity, targets and configurations there and runs the rest. The report records when each part
@@ -628,7 +628,10 @@ def fresh_server_knob(
                 return [trial(engine, offline, trace, priority=priority) for trace in traces]
         except RuntimeError as error:  # the server did not start: failed runs, reported
             failed = {metric: math.inf for metric in seed_judge.SLO_METRICS}
-            return [{"failed": f"server start: {error}", "offline_tokens_per_s": 0.0, DECODED: 0.0, **failed} for _ in traces]
+            return [
+                {"failed": f"server start: {error}", "offline_tokens_per_s": 0.0, DECODED: 0.0, **failed}
+                for _ in traces
+            ]
 
     search_and_evaluate(
         setup,
@@ -1163,7 +1166,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--decoded-from-records",
         action="store_true",
-        help="with --rejudge: judge a report from before the decoded figure on it, read from its kept iteration records",
+        help="with --rejudge: judge a report from before the decoded figure on it, from its kept iteration records",
     )
     parser.add_argument(
         "--merge",

@@ -72,6 +72,7 @@ from bench.colocation import online_trace, sharegpt_prompts
 from bench.colocation_emulated import (
     BASELINE,
     BASELINE_AT_SLO,
+    BROS_AT_SLO,
     DEVICE,
     MODEL,
     RUNS_AS,
@@ -83,7 +84,6 @@ from bench.colocation_emulated import (
     parse_args,
     record_file,
     search,
-    server_name,
     slo_for,
     slo_scaled,
 )
@@ -277,6 +277,8 @@ class Simulator:
             ["--seed", str(report.get("seed", 0)), "--offline-trace", report["offline_trace"]]
             + ["--offline-lines", str(report["offline_lines"])]
             + ([] if tail is None else ["--bros-tail-quantile", str(tail)])
+            + (["--bros-radix-cache"] if report.get("bros_radix_cache") else [])
+            + ["--low-bros-at-slo-scale", str(report.get("bros_at_slo_low_scale", 1.0))]
         )
         return cls.of(args, *latency_fit(args))
 
@@ -316,7 +318,15 @@ class Simulator:
             # and plans to the tail of its periods when the judged engine's did
             tail = None if self.args.bros_tail_quantile is None else PeriodTail(self.args.bros_tail_quantile)
             cost = IterationCost(self.bros_model, self.swap, host_time, tail)
-            result = run_bros(arrivals, self.offline, ClockDevice(clock, self.swap), cost, settings, horizon)
+            result = run_bros(
+                arrivals,
+                self.offline,
+                ClockDevice(clock, self.swap),
+                cost,
+                settings,
+                horizon,
+                radix_cache=self.args.bros_radix_cache,
+            )
             return figures(result.online, result.offline_output_tokens_per_s(), front)
         if config == "echo":
             assert value is not None
@@ -347,9 +357,10 @@ class Simulator:
         """The judge's knob search for ``config`` (its range and resolution) run in the simulator on
         ``arrivals``, against ``targets`` within ``tolerance``: the knob the simulator chooses."""
         low, high = knob_range(self.args, config)
+        mode = RUNS_AS.get(config, config)
         found = search(
             f"sim {label}",
-            lambda value: self.run(config, value, targets, arrivals, host),
+            lambda value: self.run(mode, value, targets, arrivals, host),
             targets,
             tolerance,
             low,
@@ -405,6 +416,8 @@ def knob_range(args: argparse.Namespace, config: str) -> tuple[float, float]:
     """The judge's search range for ``config``'s knob."""
     if config == "hygen":
         return args.low_budget_ms / 1000, args.high_budget_ms / 1000
+    if config == BROS_AT_SLO:
+        return args.low_bros_at_slo_scale, 1.0
     return (args.low_echo_scale if config == "echo" else args.low_bros_scale), args.high_scale
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -321,10 +321,14 @@ def simulate(
     settings: SimSettings,
     be_source: BestEffortSource | None = None,
     listeners: Sequence[TokenListener] = (),
+    cached_prefix: Callable[[BrosRequest], int] | None = None,
 ) -> dict:
     """Run one policy on one RT trace for ``settings.duration_s`` simulated seconds (and, with
     ``drain_realtime``, until the last RT request finishes). BE requests come from ``be_source``
-    (default: the synthetic closed loop); ``listeners`` see every arrival, token and finish."""
+    (default: the synthetic closed loop); ``listeners`` see every arrival, token and finish.
+    ``cached_prefix`` gives the prompt tokens an engine's radix cache holds for a request whose
+    prefill starts now: the device computes only the rest, while the plan priced the whole prompt,
+    as the plugin's BROS does (it sees no cache hit before SGLang's adder matches the prompt)."""
     policy = make_policy(policy_name, settings, cost)
     metrics = ServiceMetrics(settings.slo)
     watchers: list[TokenListener] = [metrics, *listeners]
@@ -365,7 +369,8 @@ def simulate(
             continue
         shape = BatchShape()
         for request in batch:
-            shape = request.add_to(shape)
+            hit = _cache_hit(request, cached_prefix)
+            shape = shape.with_prefill(request.extend_tokens() - hit, hit) if hit else request.add_to(shape)
         elapsed = device.iteration_s(shape, swap)
         now += elapsed
         busy += elapsed
@@ -398,6 +403,14 @@ def simulate(
     if isinstance(policy, BrosPolicy):
         summary["checkpointed_tokens"] = policy.checkpointed_tokens
     return summary
+
+
+def _cache_hit(request: BrosRequest, cached_prefix: Callable[[BrosRequest], int] | None) -> int:
+    """The cached prompt tokens of a prefill the plan runs whole from its first token (a chunked or
+    recomputed one is priced as planned); at least one token is always computed."""
+    if cached_prefix is None or request.prefilled or request.dropped or request.prompt_done or request.chunk:
+        return 0
+    return min(cached_prefix(request), request.prompt_len - 1)
 
 
 def poisson_arrivals(lengths: Iterable[tuple[int, int]], rate: float, duration_s: float, seed: int) -> list[Arrival]:

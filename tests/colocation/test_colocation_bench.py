@@ -321,6 +321,35 @@ def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_
     assert sum(tokens for _, tokens in result.offline_output_events) == sum(r.output_len for r in offline)
 
 
+def test_bros_with_the_radix_cache_prefills_a_shared_segment_once(setup: bench.Setup) -> None:
+    """Four BE lines sharing a 400-token segment: without the radix cache every prefill computes
+    it; with it only the first line's does, the rest computing their own tails on top of it,
+    and every line still gets its whole output."""
+
+    class PrefillTokens:
+        """The emulated device's clock, counting what each prefill computes and attends."""
+
+        def __init__(self) -> None:
+            self.chunks: list[tuple[int, int]] = []
+
+        def measure(self, shape) -> float:
+            self.chunks.extend(shape.prefill_chunks)
+            return setup.step.seconds(shape)
+
+    shared = (chain_hash("", "rubric"), 400)
+    offline = [SimRequest(f"off-{i}", "offline", (shared,), 50, 8, 8, True) for i in range(4)]
+    settings = SimSettings(kv_tokens=100_000, max_running=8, prefill_token_budget=450, be_concurrency=8)
+    computed = {}
+    for radix_cache in (False, True):
+        clock = PrefillTokens()
+        result = run_bros([], offline, ClockDevice(clock, setup.swap), IterationCost(setup.bros_model, setup.swap),
+                          settings, 1.0, radix_cache=radix_cache)
+        assert sum(tokens for _, tokens in result.offline_output_events) == 4 * 8
+        computed[radix_cache] = sorted(clock.chunks)
+    assert computed[False] == [(450, 0)] * 4
+    assert computed[True] == [(50, 400)] * 3 + [(450, 0)]
+
+
 def test_steps_for_a_resolution() -> None:
     assert steps_for(1.0, 1.2, 1.25) == 0
     assert steps_for(1.0, 2.0, 1.25) == 2  # 2 -> 1.41 -> 1.19
@@ -358,7 +387,7 @@ def test_the_cpu_bench_waits_for_the_previous_trials_batches_to_stop(tmp_path) -
 def test_the_judges_simulator_tunes_a_mode_against_the_loads_targets() -> None:
     """The emulated judge's first step (``--sim-first``): its engine in the simulator searches
     HyGen's budget on a tuning trace. A generous target is met at the top of the range; one no
-    run can meet leaves the floor, not met."""
+    run can meet leaves the floor, not met. bros-at-slo is BROS searched in its own range."""
     from bench import colocation_emulated
     from bench.colocation import online_trace, sharegpt_prompts
     from bench.colocation_sim_check import Simulator
@@ -374,6 +403,10 @@ def test_the_judges_simulator_tunes_a_mode_against_the_loads_targets() -> None:
     assert (generous["value"], generous["met"]) == (0.064, True)
     assert (unreachable["value"], unreachable["met"]) == (0.008, False)
     assert unreachable["tried"] == [0.064, 0.008]
+    # BROS at the absolute SLO searches BROS's deadlines in its own range, k up to 1.
+    at_slo = simulator.tune(colocation_emulated.BROS_AT_SLO, "at-slo", {"ttft_p99": 1e-6, "tbt_p99": 1e-6}, 0.0,
+                            arrivals)
+    assert at_slo["tried"] == [1.0, colocation_emulated.AT_SLO_LOW_SCALE] and not at_slo["met"]
 
 
 def test_the_sim_check_reads_the_engines_part_of_a_replay_from_its_records() -> None:
