@@ -106,7 +106,8 @@ class SharedSegments:
         pass
 
     def token(self, rid: str, now: float) -> None:
-        self.cached.update(key for key, _length in self.prefixes.get(rid, ()))
+        # a line's first token: its prefix is computed, and its own prefill is behind it
+        self.cached.update(key for key, _length in self.prefixes.pop(rid, ()))
 
     def finished(self, rid: str, now: float) -> None:
         pass
