@@ -327,8 +327,9 @@ def simulate(
     ``drain_realtime``, until the last RT request finishes). BE requests come from ``be_source``
     (default: the synthetic closed loop); ``listeners`` see every arrival, token and finish.
     ``cached_prefix`` gives the prompt tokens an engine's radix cache holds for a request whose
-    prefill starts now: the device computes only the rest, while the plan priced the whole prompt,
-    as the plugin's BROS does (it sees no cache hit before SGLang's adder matches the prompt)."""
+    prefill starts now: the device computes only the rest (the plan's chunk of it, from the hit on),
+    while the plan priced the whole prompt, as the plugin's BROS does (it sees no cache hit before
+    SGLang's adder matches the prompt)."""
     policy = make_policy(policy_name, settings, cost)
     metrics = ServiceMetrics(settings.slo)
     watchers: list[TokenListener] = [metrics, *listeners]
@@ -369,8 +370,9 @@ def simulate(
             continue
         shape = BatchShape()
         for request in batch:
-            hit = _cache_hit(request, cached_prefix)
-            shape = shape.with_prefill(request.extend_tokens() - hit, hit) if hit else request.add_to(shape)
+            # SGLang's adder matches a starting prompt in the radix cache: its chunk starts past the hit
+            request.prompt_done = max(request.prompt_done, _cache_hit(request, cached_prefix))
+            shape = request.add_to(shape)
         elapsed = device.iteration_s(shape, swap)
         now += elapsed
         busy += elapsed
@@ -406,9 +408,9 @@ def simulate(
 
 
 def _cache_hit(request: BrosRequest, cached_prefix: Callable[[BrosRequest], int] | None) -> int:
-    """The cached prompt tokens of a prefill the plan runs whole from its first token (a chunked or
+    """The cached prompt tokens of a prefill that starts now, whole or as its plan's first chunk (a
     recomputed one is priced as planned); at least one token is always computed."""
-    if cached_prefix is None or request.prefilled or request.dropped or request.prompt_done or request.chunk:
+    if cached_prefix is None or request.prefilled or request.dropped or request.prompt_done:
         return 0
     return min(cached_prefix(request), request.prompt_len - 1)
 

@@ -9,6 +9,7 @@ figure compared is simulated time, deterministic for a seed.
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -321,10 +322,12 @@ def test_bros_on_the_colocation_workload_serves_every_online_request_and_counts_
     assert sum(tokens for _, tokens in result.offline_output_events) == sum(r.output_len for r in offline)
 
 
-def test_bros_with_the_radix_cache_prefills_a_shared_segment_once(setup: bench.Setup) -> None:
+@pytest.mark.parametrize("idle_s", [math.inf, 0.004], ids=["whole", "chunked"])
+def test_bros_with_the_radix_cache_prefills_a_shared_segment_once(setup: bench.Setup, idle_s: float) -> None:
     """Four BE lines sharing a 400-token segment: without the radix cache every prefill computes
-    it; with it only the first line's does, the rest computing their own tails on top of it,
-    and every line still gets its whole output."""
+    it; with it only the first line's does, the rest computing their own tails on top of it, and
+    every line still gets its whole output. A plan that chunks the prompts (a short idle budget)
+    starts a later line's first chunk past the segment, as SGLang's adder does after its match."""
 
     class PrefillTokens:
         """The emulated device's clock, counting what each prefill computes and attends."""
@@ -338,16 +341,25 @@ def test_bros_with_the_radix_cache_prefills_a_shared_segment_once(setup: bench.S
 
     shared = (chain_hash("", "rubric"), 400)
     offline = [SimRequest(f"off-{i}", "offline", (shared,), 50, 8, 8, True) for i in range(4)]
-    settings = SimSettings(kv_tokens=100_000, max_running=8, prefill_token_budget=450, be_concurrency=8)
+    settings = SimSettings(kv_tokens=100_000, max_running=8, prefill_token_budget=450, be_concurrency=8,
+                           slo=RealtimeSLO(idle_s=idle_s))
     computed = {}
     for radix_cache in (False, True):
         clock = PrefillTokens()
         result = run_bros([], offline, ClockDevice(clock, setup.swap), IterationCost(setup.bros_model, setup.swap),
                           settings, 1.0, radix_cache=radix_cache)
         assert sum(tokens for _, tokens in result.offline_output_events) == 4 * 8
-        computed[radix_cache] = sorted(clock.chunks)
-    assert computed[False] == [(450, 0)] * 4
-    assert computed[True] == [(50, 400)] * 3 + [(450, 0)]
+        computed[radix_cache] = clock.chunks
+    assert sum(extend for extend, _ in computed[False]) == 4 * 450
+    if idle_s == math.inf:
+        assert sorted(computed[False]) == [(450, 0)] * 4
+        assert sorted(computed[True]) == [(50, 400)] * 3 + [(450, 0)]
+    else:
+        assert len(computed[False]) > 4  # the plan chunked the prompts
+        # The second line's first chunk ran before the first line had its first token, so it
+        # computed the segment too; the last two started past it, 50 tokens each, chunked or not.
+        assert sum(extend for extend, _ in computed[True]) == 2 * 450 + 2 * 50
+        assert computed[True][-1] == (50, 400) and (7, 443) in computed[True]
 
 
 def test_steps_for_a_resolution() -> None:
@@ -432,6 +444,19 @@ def test_the_sim_check_reads_the_engines_part_of_a_replay_from_its_records() -> 
     assert figures["engine_tbt_p99"] == pytest.approx(0.012)
     with pytest.raises(ValueError, match="hold 3 first tokens, it sent 2 requests"):
         emulated_figures([run], records, [trace[:2]])
+
+
+def test_the_sim_check_starts_the_batch_where_the_engine_started_it() -> None:
+    """The replay at wall 40 followed an idle spell (the previous trial's batch cancelled, ending at
+    10.5) and the new batch's first iteration at 13: the simulated batch runs 27 s before the
+    trace. Without an idle spell the records' first iteration starts it; with no records, none."""
+    from bench.colocation_sim_check import offline_lead_s
+
+    run = {"started_wall": 40.0, "window_s": 5.0}
+    walls = [10.0, 10.5, 13.0, 13.4, 14.0, *range(15, 45)]
+    assert offline_lead_s([{"wall": float(wall)} for wall in walls], run) == pytest.approx(27.0)
+    assert offline_lead_s([{"wall": float(wall)} for wall in walls[2:]], run) == pytest.approx(27.0)
+    assert offline_lead_s([{"wall": 41.0}], run) == 0.0
 
 
 def test_the_engines_token_gaps_are_its_batches_periods_once_per_online_decode() -> None:
