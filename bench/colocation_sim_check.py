@@ -22,6 +22,12 @@ Each configuration is simulated three times:
   the request, so it holds the wait for the iteration under way, which the simulated engine adds
   again: up to one iteration (a few milliseconds) counted twice.
 
+Each simulated replay starts where the emulated one did: the judge's trial starts its offline
+batch (validation, its first answers, a warm-up) some 20-30 s before the first online request,
+so the lines in flight are no longer the file's first ones. The simulated batch starts that lead
+(`offline_lead_s`, read from the records) before the trace, and its tokens count from the trace's
+start.
+
 The report gives, per configuration and load, the emulated figure (mean over its seeds), the
 simulated ones and their differences, flagging those over 10%.
 
@@ -74,6 +80,7 @@ from bench.colocation_emulated import (
     BASELINE_AT_SLO,
     BROS_AT_SLO,
     DEVICE,
+    IDLE_QUIET_S,
     MODEL,
     RUNS_AS,
     TUNE_SEED,
@@ -179,6 +186,18 @@ def scheduler_ttfts(records: Sequence[dict[str, Any]]) -> list[float]:
     """Per online request whose prompt a batch of ``records`` completed (``online_prefilled``),
     seconds from the scheduler's receipt to that batch's end: its first token, on the scheduler."""
     return [record["wall"] - received for record in records for received in record.get("online_prefilled", ())]
+
+
+def offline_lead_s(records: Sequence[dict[str, Any]], run: dict[str, Any]) -> float:
+    """Seconds the engine ran ``run``'s offline batch before its replay started (`OfflineBatch.start`
+    waits for validation, the first answers and a warm-up): from the first iteration after the
+    engine's last idle spell (`trial` waits for one before it creates the batch) to the replay's
+    start. Its lines in flight then are no longer the file's first ones: the long ones stay."""
+    before = [record["wall"] for record in records if record["wall"] < run["started_wall"]]
+    if not before:
+        return 0.0
+    starts = [later for earlier, later in zip(before, before[1:]) if later - earlier > IDLE_QUIET_S]
+    return run["started_wall"] - (starts[-1] if starts else before[0])
 
 
 def engine_figures(records: Sequence[dict[str, Any]], run: dict[str, Any], requests: int) -> dict[str, float]:
@@ -293,11 +312,15 @@ class Simulator:
         arrivals: Sequence[OnlineArrival],
         host: HostGaps | None = None,
         front: FrontEnd | None = None,
+        lead_s: float = 0.0,
     ) -> dict[str, Any]:
         """One configuration at knob ``value`` on ``arrivals`` (``targets``: the load's, which
         Echo's and BROS's k scale); with ``host``, iterations wait for the host as the emulated
-        engine's do; with ``front``, first tokens reach the client across its front end."""
+        engine's do; with ``front``, first tokens reach the client across its front end. The
+        offline batch starts ``lead_s`` before the first arrival (`offline_lead_s`), and its
+        tokens count from there."""
         sizing = self.sizing
+        arrivals = [dataclasses.replace(arrival, at=arrival.at + lead_s) for arrival in arrivals]
         clock: IterationClock = NoisyClock(self.step, 0.0, 0)
         # BROS's plan learns the host's time from the gaps, as the plugin learns it from records.
         host_time = HostTime() if config == "bros" else None
@@ -327,7 +350,7 @@ class Simulator:
                 horizon,
                 radix_cache=self.args.bros_radix_cache,
             )
-            return figures(result.online, result.offline_output_tokens_per_s(), front)
+            return figures(result.online, result.offline_output_tokens_per_s(lead_s), front)
         if config == "echo":
             assert value is not None
             colocation = ColocationConfig(mode="echo", latency_model=self.latency_model, **slo_scaled(value, targets))
@@ -343,7 +366,7 @@ class Simulator:
         policy = make_offline_policy("psm", self.cost.model, self.cost.hardware) if config != "online-only" else None
         engine = ColocatedEngine(clock, ColocationController(colocation), policy, engine_config)
         result = engine.run(arrivals, self.offline if policy is not None else [], horizon)
-        return figures(result.online, result.offline_output_tokens_per_s(), front)
+        return figures(result.online, result.offline_output_tokens_per_s(lead_s), front)
 
     def tune(
         self,
@@ -460,8 +483,13 @@ def compare(
                 continue
             host = host_gaps(mode, records, runs)
             row["host_gaps"] = host.summary()
+            leads = [offline_lead_s(records, run) if mode != "online-only" else 0.0 for run in runs]
+            row["offline_lead_s"] = [round(lead, 1) for lead in leads]
             for key, with_host in (("gpu_host", None), ("this_host", host)):
-                sims = [simulator.run(mode, value, targets, arrivals[seed], with_host) for seed in seeds]
+                sims = [
+                    simulator.run(mode, value, targets, arrivals[seed], with_host, lead_s=lead)
+                    for seed, lead in zip(seeds, leads)
+                ]
                 row[key] = versus(per_seed, sims)
                 if has_search:
                     label = f"{config} {cell['share']:g} tuning{' with host' if with_host else ''}"
@@ -472,7 +500,10 @@ def compare(
                 probe_records = iteration_log(probe_work / measured["records"])
                 front = FrontEnd(tuple((to, back) for to, back in measured["delays_s"]))
                 tuned_host = host_gaps(mode, probe_records, [measured])
-                sims = [simulator.run(mode, value, targets, arrivals[seed], tuned_host, front) for seed in seeds]
+                sims = [
+                    simulator.run(mode, value, targets, arrivals[seed], tuned_host, front, lead)
+                    for seed, lead in zip(seeds, leads)
+                ]
                 row["tuning_seed"] = {**versus(per_seed, sims), "front_end": front.summary()}
             if has_search:
                 row["tuned"] = {

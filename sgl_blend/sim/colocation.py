@@ -102,14 +102,16 @@ class ColocatedResult:
         produced before the online trace ends, per second of it; recomputation does not count."""
         return self._per_s(self.offline_events)
 
-    def offline_output_tokens_per_s(self) -> float:
+    def offline_output_tokens_per_s(self, since_s: float = 0.0) -> float:
         """Offline output tokens alone, as the Batch API's usage counts them (the emulated judge's
-        measure)."""
-        return self._per_s(self.offline_output_events)
+        measure), from ``since_s``: an online trace that started after the batch did is judged
+        on its own window."""
+        return self._per_s(self.offline_output_events, since_s)
 
-    def _per_s(self, events: list[tuple[float, int]]) -> float:
-        tokens = sum(count for at, count in events if at <= self.horizon_s)
-        return tokens / self.horizon_s if self.horizon_s else 0.0
+    def _per_s(self, events: list[tuple[float, int]], since_s: float = 0.0) -> float:
+        tokens = sum(count for at, count in events if since_s < at <= self.horizon_s)
+        window = self.horizon_s - since_s
+        return tokens / window if window > 0 else 0.0
 
 
 class _Active:

@@ -102,6 +102,12 @@ def test_offline_output_tokens_are_counted_apart_from_prompts(latency_model: dic
     assert outputs == result.counts["offline_finished"] > 0
     assert sum(count for _at, count in result.offline_events) == 101 * outputs
     assert result.offline_output_tokens_per_s() * 101 == pytest.approx(result.offline_tokens_per_s())
+    # An online trace that began after the batch did is judged on its own window.
+    times = sorted(at for at, _count in result.offline_output_events)
+    since = times[len(times) // 2]
+    later = sum(count for at, count in result.offline_output_events if since < at <= result.horizon_s)
+    assert 0 < later < outputs
+    assert result.offline_output_tokens_per_s(since) == pytest.approx(later / (result.horizon_s - since))
 
 
 def released_through_the_batch_window(latency_model: dict, budget_s: float | None) -> int:
