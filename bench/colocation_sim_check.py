@@ -64,6 +64,7 @@ offline work at a rate); they are reported, not simulated.
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import functools
 import json
@@ -192,12 +193,14 @@ def offline_lead_s(records: Sequence[dict[str, Any]], run: dict[str, Any]) -> fl
     """Seconds the engine ran ``run``'s offline batch before its replay started (`OfflineBatch.start`
     waits for validation, the first answers and a warm-up): from the first iteration after the
     engine's last idle spell (`trial` waits for one before it creates the batch) to the replay's
-    start. Its lines in flight then are no longer the file's first ones: the long ones stay."""
-    before = [record["wall"] for record in records if record["wall"] < run["started_wall"]]
-    if not before:
+    start; 0 when that spell lasted into the replay (a batch that had answered nothing when the
+    replay began). Its lines in flight then are no longer the file's first ones: the long ones stay."""
+    walls = sorted(record["wall"] for record in records)
+    upto = walls[: bisect.bisect_left(walls, run["started_wall"]) + 1]  # and the first one after the start
+    if not upto:
         return 0.0
-    starts = [later for earlier, later in zip(before, before[1:]) if later - earlier > IDLE_QUIET_S]
-    return run["started_wall"] - (starts[-1] if starts else before[0])
+    starts = [later for earlier, later in zip(upto, upto[1:]) if later - earlier > IDLE_QUIET_S]
+    return max(run["started_wall"] - (starts[-1] if starts else upto[0]), 0.0)
 
 
 def engine_figures(records: Sequence[dict[str, Any]], run: dict[str, Any], requests: int) -> dict[str, float]:

@@ -449,14 +449,17 @@ def test_the_sim_check_reads_the_engines_part_of_a_replay_from_its_records() -> 
 def test_the_sim_check_starts_the_batch_where_the_engine_started_it() -> None:
     """The replay at wall 40 followed an idle spell (the previous trial's batch cancelled, ending at
     10.5) and the new batch's first iteration at 13: the simulated batch runs 27 s before the
-    trace. Without an idle spell the records' first iteration starts it; with no records, none."""
+    trace. Without an idle spell the records' first iteration starts it. An idle spell that lasts
+    into the replay (a batch that had answered nothing yet) gives none, as do no records."""
     from bench.colocation_sim_check import offline_lead_s
 
     run = {"started_wall": 40.0, "window_s": 5.0}
     walls = [10.0, 10.5, 13.0, 13.4, 14.0, *range(15, 45)]
     assert offline_lead_s([{"wall": float(wall)} for wall in walls], run) == pytest.approx(27.0)
     assert offline_lead_s([{"wall": float(wall)} for wall in walls[2:]], run) == pytest.approx(27.0)
+    assert offline_lead_s([{"wall": wall} for wall in (10.0, 10.5, 40.2, 40.3)], run) == 0.0
     assert offline_lead_s([{"wall": 41.0}], run) == 0.0
+    assert offline_lead_s([], run) == 0.0
 
 
 def test_the_engines_token_gaps_are_its_batches_periods_once_per_online_decode() -> None:
