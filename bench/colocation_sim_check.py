@@ -582,13 +582,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--front-end",
         type=Path,
         default=RESULTS / "front_end.json",
-        help="`bench.front_end`'s measurement on the tuning seed (skipped when absent)",
+        help="`bench.front_end`'s measurement on the tuning seed (skipped when it or its records are absent)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "colocation_sim_check.json")
     args = parser.parse_args(argv)
     report = {**json.loads(args.report.read_text()), "source": str(args.report)}
     work = args.work or args.report.parent / f"{args.report.stem}-work"
-    probe = args.front_end if args.front_end.exists() else None
+    probe = args.front_end if (args.front_end.parent / f"{args.front_end.stem}-work").is_dir() else None
+    if probe is None:
+        print(f"no front-end probe with its records at {args.front_end}: no tuning-seed column", flush=True)
     result = compare(report, work, set(args.configs.split(",")) if args.configs else None, probe)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result) + "\n")
