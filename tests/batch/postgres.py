@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +57,26 @@ def start_postgres() -> PostgresServer:
                                   unixsocketdir=str(root), logfile=str(root / "log"), startparams="-w",
                                   dbname="postgres", postgres_options="-c max_connections=300")
     executor.start()
-    return PostgresServer(executor, root)
+    server = PostgresServer(executor, root)
+    _wait_for_connections(server.url)
+    return server
+
+
+# pg_ctl -w gives up waiting after 60 s, and on a loaded 2-core host the server can still be
+# recovering then ("the database system is starting up").
+READY_TIMEOUT_S = 180.0
+
+
+def _wait_for_connections(url: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            with psycopg.connect(url, connect_timeout=10):
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def new_database(admin_url: str, name: str) -> str:
