@@ -235,7 +235,7 @@ def add_prefills(
         pending.remove(candidate)
     if truncate and pending:
         for _, _, _, candidate, _ in ranked:
-            if not _minimal_chunk_fits(budget, candidate):
+            if not budget.minimal_chunk_fits(candidate.extend, candidate.prefix):
                 continue
             chunk = budget.offline_chunk(candidate.extend, candidate.prefix, candidate.max_new_tokens)
             if chunk > 0:
@@ -247,15 +247,6 @@ def add_prefills(
                 chosen.append(_admission(candidate, chunk, seconds))
                 break
     return chosen
-
-
-def _minimal_chunk_fits(budget: IterationBudget, candidate: OfflineCandidate) -> bool:
-    """One prediction instead of `offline_chunk`'s bisection for a candidate that cannot even
-    get the smallest chunk in the time left (the common case once the deadline is spent)."""
-    if budget.model is None:
-        return True
-    floor = min(candidate.extend, budget.min_offline_chunk)
-    return budget.model.predict(budget.batch.with_prefill(floor, candidate.prefix)) <= budget.limit_s
 
 
 def _marginal_s(

@@ -3,6 +3,15 @@
 HyGen's controller (`colocation`) and Echo's selector (`echo_plan`) both spend an
 `IterationBudget` on the same `RunningRequest`s; the controller also calls the selector. The budget
 lives here, below both, so that the selector needs nothing of the controller.
+
+An iteration with nothing in it always takes one unit of offline work -- one decode, or one
+prompt chunk of at most ``min_offline_chunk`` tokens -- whatever the time budget says. Nothing
+online is in such an iteration to protect, and an empty one never ends: no forward runs, so
+neither the calibration that priced the unit over the budget nor the state can change, and a
+scheduler with nothing to run sleeps until a new request arrives. On the emulated H100 the
+calibration learned the 2-core host's ~7.5 ms period floor from small batches (ratio 2.8 to the
+fitted model); HyGen's 8 ms budget then priced a single decode above itself, and the batch
+stopped for 18-24 s, until an online request arrived (docs/results.md).
 """
 
 from __future__ import annotations
@@ -86,6 +95,13 @@ class IterationBudget:
         self.decodes = self.decodes.with_decode(prefix + extend)
         self._charge_chunk(extend)
 
+    def _fits(self, before: BatchShape, after: BatchShape) -> bool:
+        """Whether growing ``before`` to ``after`` stays within the time budget; the first unit of
+        work in an empty iteration always does (module docstring). Read only with a model."""
+        assert self.model is not None, "the shapes are priced only under a time budget"
+        first_unit = before.requests == 0 and after.requests == 1 and after.prefill_tokens <= self.min_offline_chunk
+        return first_unit or self.model.predict(after) <= self.limit_s
+
     def try_offline_decode(self, context: int) -> bool:
         """Keep an offline decode if the batch still fits; its KV is already resident. Without a time
         budget nothing reads the shapes, so they are not built (a scheduler calls this for every
@@ -94,7 +110,7 @@ class IterationBudget:
             self._charge_chunk(1)
             return True
         batch = self.batch.with_decode(context)
-        if self.model.predict(batch) > self.limit_s:
+        if not self._fits(self.batch, batch):
             return False
         self.batch = batch
         self.decodes = self.decodes.with_decode(context + 1)
@@ -111,7 +127,7 @@ class IterationBudget:
         for context in contexts:
             batch = batch.with_decode(context)
             decodes = decodes.with_decode(context + 1)
-        if self.model.predict(batch) > self.limit_s:
+        if not self._fits(self.batch, batch):
             return False
         self.batch, self.decodes = batch, decodes
         self._charge_chunk(len(contexts))
@@ -126,10 +142,16 @@ class IterationBudget:
             return False
         if self.model is None:
             return True
-        return (
-            self.model.predict(self.batch.with_prefill(extend, prefix)) <= self.limit_s
-            and self.model.predict(self.decodes.with_decode(prefix + extend)) <= self.limit_s
+        return self._fits(self.batch, self.batch.with_prefill(extend, prefix)) and self._fits(
+            self.decodes, self.decodes.with_decode(prefix + extend)
         )
+
+    def minimal_chunk_fits(self, extend: int, prefix: int) -> bool:
+        """Whether the smallest chunk of a prompt fits the time left: one prediction, where
+        `offline_chunk` bisects (a selector asks it of every candidate once the time is spent)."""
+        if self.model is None:
+            return True
+        return self._fits(self.batch, self.batch.with_prefill(min(extend, self.min_offline_chunk), prefix))
 
     def offline_chunk(self, extend: int, prefix: int, max_new_tokens: int, *, must_progress: bool = False) -> int:
         """The prefill chunk an offline request may run now (0: none). ``must_progress`` is for a
@@ -142,7 +164,9 @@ class IterationBudget:
             chunk = max(0, min(extend, chunk_room, memory_room))
         else:
             chunk, _ = max_prefill(self.model, self.limit_s, self.batch, extend, prefix, chunk_room, memory_room)
-            if chunk == extend and self.model.predict(self.decodes.with_decode(prefix + extend)) > self.limit_s:
+            if chunk < floor and self._fits(self.batch, self.batch.with_prefill(floor, prefix)):
+                chunk = max(0, min(floor, chunk_room, memory_room))  # the empty iteration's first unit
+            if chunk == extend and not self._fits(self.decodes, self.decodes.with_decode(prefix + extend)):
                 chunk = 0
         if must_progress:
             return max(chunk, floor)

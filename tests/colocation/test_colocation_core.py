@@ -57,10 +57,35 @@ def test_offline_chunk_fills_the_residual_budget_and_respects_the_decode_iterati
     budget.commit_offline_prefill(chunk, 0, finishes_prompt=False, max_new_tokens=8)
     assert budget.offline_chunk(extend=800, prefix=200, max_new_tokens=8) == 0
     assert budget.offline_chunk(extend=800, prefix=200, max_new_tokens=8, must_progress=True) == 8
-    # A whole prompt whose decode iteration alone would exceed the budget is not admitted.
-    tight = controller(latency_budget_s=0.0015).begin(
-        IterationView(now=0.0, running=[], waiting_online=[], kv_capacity=100_000)).budget
-    assert tight.offline_chunk(extend=10, prefix=600, max_new_tokens=8) == 0
+    # A whole prompt whose decode iteration would exceed the budget is not admitted: 1 ms + 0.5 ms
+    # online + 0.1 ms of prefill fits 2.5 ms, the decode after it (1 ms + 501 µs + 1,210 µs) does not.
+    tight = controller(latency_budget_s=0.0025).begin(IterationView(
+        now=0.0, running=[RunningRequest("on", True, 500)], waiting_online=[], kv_capacity=100_000)).budget
+    assert tight.offline_chunk(extend=10, prefix=1200, max_new_tokens=8) == 0
+
+
+def test_an_iteration_with_nothing_in_it_takes_one_unit_of_offline_work_over_the_budget() -> None:
+    """A budget below any iteration (0.1 ms, the 1 ms intercept alone exceeds it) stops offline work
+    only beside online work. With nothing online, the first offline decode -- or, with none, one
+    minimal chunk -- runs anyway: an empty iteration protects no one and never ends."""
+    idle = controller(latency_budget_s=1e-4, min_offline_chunk=8)
+    plan = idle.begin(IterationView(now=0.0, running=[offline("a", 100), offline("b", 100)], waiting_online=[],
+                                    kv_capacity=100_000))
+    assert plan.park == ["b"]
+    assert plan.budget.offline_chunk(extend=1000, prefix=0, max_new_tokens=8) == 0
+    empty = idle.begin(IterationView(now=0.0, running=[], waiting_online=[], kv_capacity=100_000)).budget
+    assert empty.minimal_chunk_fits(1000, 0) and not empty.fits_prefill(1000, 0, 8)
+    assert empty.offline_chunk(extend=1000, prefix=0, max_new_tokens=8) == 8
+    assert empty.offline_chunk(extend=5, prefix=0, max_new_tokens=8) == 5
+    tight_memory = idle.begin(IterationView(now=0.0, running=[], waiting_online=[], kv_capacity=12)).budget
+    assert tight_memory.offline_chunk(extend=1000, prefix=0, max_new_tokens=8) == 0  # 8 + 8 tokens exceed 12
+    beside_online = idle.begin(IterationView(now=0.0, running=[RunningRequest("on", True, 100), offline("a", 100)],
+                                             waiting_online=[], kv_capacity=100_000))
+    assert beside_online.park == ["a"]
+    assert beside_online.budget.offline_chunk(extend=1000, prefix=0, max_new_tokens=8) == 0
+    echo = controller(mode="echo", ttft_slo_s=1.0, tpot_slo_s=0.1, idle_budget_s=1e-4).begin(IterationView(
+        now=0.0, running=[offline("a", 100), offline("b", 100)], waiting_online=[], kv_capacity=100_000))
+    assert echo.park == ["b"]
 
 
 def test_no_budget_means_memory_and_chunk_room_only() -> None:

@@ -8,6 +8,7 @@ Echo's selector decides which offline requests the engine admits."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import random
 import time
@@ -100,12 +101,13 @@ def set_state(server: ServerProcess, settings: dict[str, float]) -> bool:
 
 
 def generate_streaming(server: ServerProcess, input_ids: list[int], max_new_tokens: int, rid: str,
-                       progress: list[int]) -> dict[str, Any]:
-    """An offline `generate` that streams, so the test sees how many tokens it has decoded so far
+                       progress: list[int], *, offline: bool = True) -> dict[str, Any]:
+    """A `generate` that streams, so the test sees how many tokens it has decoded so far
     (``progress[0]``, from each chunk's ``completion_tokens``); the last chunk (cumulative output)."""
     body: dict[str, Any] = {"input_ids": input_ids, "return_output_ids": True, "stream": True, "rid": rid,
-                            "routing_key": offline_routing_key("test"),
                             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+    if offline:
+        body["routing_key"] = offline_routing_key("test")
     last: dict[str, Any] = {}
     with requests.post(f"{server.base_url}/generate", json=body, stream=True, timeout=600) as response:
         response.raise_for_status()
@@ -173,6 +175,24 @@ def test_preempted_offline_request_resumes_from_its_cache_with_identical_output(
     assert resumes[0]["resumed_prefix"] >= len(prompt) + decoded, resumes  # the decoded tokens' KV was kept too
 
 
+@contextlib.contextmanager
+def online_decoding(server: ServerProcess, max_new_tokens: int) -> Iterator[None]:
+    """An online request decoding throughout the block, so every iteration has online work in it
+    and a zero latency budget holds offline work (an iteration with nothing in it takes one offline
+    unit whatever the budget). It must still be decoding when the block ends, then it is aborted."""
+    progress = [0]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        present = pool.submit(generate_streaming, server, tokens(8, 77), max_new_tokens, "online-present", progress,
+                              offline=False)
+        wait_for(lambda: progress[0] > 0 or present.done(), "the online request to decode")
+        try:
+            yield
+            assert not present.done(), f"the online request ended within the block ({progress[0]} tokens); give it more"
+        finally:
+            requests.post(f"{server.base_url}/abort_request", json={"rid": "online-present"}, timeout=60)
+            present.result()
+
+
 def test_settings_change_at_runtime_and_bad_ones_are_refused(server: ServerProcess) -> None:
     assert not set_state(server, {"sgl_blend_latency_budget_s": -1})
     assert not set_state(server, {"sgl_blend_no_such_setting": 1})
@@ -186,61 +206,86 @@ def test_settings_change_at_runtime_and_bad_ones_are_refused(server: ServerProce
     assert plugin_state(server)["colocation"]["latency_budget_s"] is None
 
 
+def test_offline_work_runs_under_a_budget_below_any_iteration_when_nothing_online_is_there(
+        server: ServerProcess) -> None:
+    """A zero budget with no online request: each iteration takes one offline unit -- a prompt
+    chunk of at most `min_offline_chunk` tokens, then the decode -- and the request completes. (A
+    budget that priced even these out stopped the emulated HyGen batch until an online request came.)"""
+    assert set_state(server, {"sgl_blend_latency_budget_s": 0.0, RESET: 1})
+    try:
+        body = {"input_ids": tokens(40, 12), "routing_key": offline_routing_key("test"),
+                "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+        answer = requests.post(f"{server.base_url}/generate", json=body, timeout=120)
+        answer.raise_for_status()
+        records = plugin_state(server)["iterations"]
+    finally:
+        assert set_state(server, {"sgl_blend_clear_latency_budget": 1})
+    assert answer.json()["meta_info"]["completion_tokens"] == 6
+    chunk = ColocationConfig().min_offline_chunk
+    prefills = [record["prefill_tokens"] for record in records if record["offline_prefill"]]
+    assert prefills == [chunk, chunk, 40 - 2 * chunk], prefills
+    assert all(record["prefill_reqs"] + record["decode_reqs"] == 1 for record in records), records
+
+
 def waiting_in_engine(server: ServerProcess) -> int:
     return requests.get(f"{server.base_url}/v1/loads?include=core", timeout=60).json()["loads"][0]["num_waiting_reqs"]
 
 
 def test_a_batch_waits_in_a_colocating_engine_only_as_far_as_its_window(server: ServerProcess) -> None:
-    """With a latency budget below any iteration, HyGen admits no offline line: the batch's lines
-    can only wait. The full window (twice the ~190 short lines the 4,096-token pool holds) would
-    put all 150 in SGLang's queue; a co-locating engine's window holds `QUEUE_FLOOR` there, up to
-    twice that when the engine's report lagged lines sent since the last look (they count as
-    running until it shows them waiting), and no more after. Once the budget is lifted the batch
-    completes."""
+    """While an online request decodes under a latency budget below any iteration, HyGen admits no
+    offline line: the batch's lines can only wait. The full window (twice the ~190 short lines the
+    4,096-token pool holds) would put all 150 in SGLang's queue; a co-locating engine's window holds
+    `QUEUE_FLOOR` there, up to twice that when the engine's report lagged lines sent since the last
+    look (they count as running until it shows them waiting), and no more after. Once the budget
+    is lifted the batch completes."""
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
-    assert set_state(server, {"sgl_blend_latency_budget_s": 1e-4})
-    try:
-        batch = create_batch(client, chat_lines(150, "queued"))
-        wait_for(lambda: waiting_in_engine(server) >= QUEUE_FLOOR, "the batch's lines to wait in the engine")
-        seen = []
-        for _ in range(6):
-            time.sleep(QUEUE_LOOK_S)
-            seen.append(waiting_in_engine(server))
-        assert QUEUE_FLOOR <= min(seen) and max(seen) <= 2 * QUEUE_FLOOR, seen
-        assert client.batches.retrieve(batch.id).request_counts.completed == 0
-    finally:
-        assert set_state(server, {"sgl_blend_clear_latency_budget": 1})
+    with online_decoding(server, 3500):
+        assert set_state(server, {"sgl_blend_latency_budget_s": 1e-4})
+        try:
+            batch = create_batch(client, chat_lines(150, "queued"))
+            wait_for(lambda: waiting_in_engine(server) >= QUEUE_FLOOR, "the batch's lines to wait in the engine")
+            seen = []
+            for _ in range(6):
+                time.sleep(QUEUE_LOOK_S)
+                seen.append(waiting_in_engine(server))
+            assert QUEUE_FLOOR <= min(seen) and max(seen) <= 2 * QUEUE_FLOOR, seen
+            assert client.batches.retrieve(batch.id).request_counts.completed == 0
+        finally:
+            assert set_state(server, {"sgl_blend_clear_latency_budget": 1})
     done = wait_until(client, batch.id)
     assert done.status == "completed" and done.request_counts.completed == 150, done
 
 
 def test_a_parked_offline_decode_is_held_with_its_kv_through_an_online_burst_and_resumes_without_a_prefill(
         server: ServerProcess) -> None:
-    """A zero latency budget parks the offline decode (HyGen's decode skipping): it leaves the
-    batch with its KV resident. Online requests then insert more distinct prompts than the pool
-    holds; the held KV is not the cache's to evict. Once the budget is lifted the decode goes back
-    into the batch as it was: no forward from the park until it has decoded 20 more tokens prefills
-    a single offline token (a retracted decode would come back through a prefill), and it writes
-    what it writes undisturbed. (Its 1,000 tokens outlast the moment the budget takes effect on a
-    fast host; those 20 tokens keep the forwards counted within the iteration log's 256 records.)"""
+    """Beside an online decode, a zero latency budget parks the offline decode (HyGen's decode
+    skipping): it leaves the batch with its KV resident. More online requests then insert more
+    distinct prompts than the pool has free; the held KV is not the cache's to evict. Once the
+    budget is lifted the decode goes back into the batch as it was: no forward from the park until
+    it has decoded 20 more tokens prefills a single offline token (a retracted decode would come
+    back through a prefill), and it writes what it writes undisturbed. (Its 1,000 tokens outlast
+    the moment the budget takes effect on a fast host; those 20 tokens keep the forwards counted
+    within the iteration log's 256 records.)"""
     prompt = tokens(300, 21)
     undisturbed = generate(server, prompt, 1000, offline=True, rid="held-undisturbed")
     requests.post(f"{server.base_url}/flush_cache", timeout=60).raise_for_status()
     progress = [0]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         parked = pool.submit(generate_streaming, server, prompt, 1000, "held", progress)
-        try:
-            wait_for(lambda: progress[0] >= 50, "the offline request to decode 50 tokens")
-            assert set_state(server, {"sgl_blend_latency_budget_s": 0.0, RESET: 1})
-            wait_for(lambda: plugin_state(server)["colocation"]["held"]["held_now"] == 1, "the offline decode held")
-            held = plugin_state(server)["colocation"]["held"]
-            for index in range(6):
-                assert len(generate(server, tokens(700, 2000 + index), 4, offline=False)["output_ids"]) == 4
-            state = plugin_state(server)["colocation"]
-            assert state["held"]["held_now"] == 1 and state["held"]["held_tokens"] == held["held_tokens"], state
-            held_at = progress[0]
-        finally:
-            set_state(server, {"sgl_blend_clear_latency_budget": 1})
+        wait_for(lambda: progress[0] >= 50, "the offline request to decode 50 tokens")
+        with online_decoding(server, 1500):
+            try:
+                assert set_state(server, {"sgl_blend_latency_budget_s": 0.0, RESET: 1})
+                wait_for(lambda: plugin_state(server)["colocation"]["held"]["held_now"] == 1,
+                         "the offline decode held")
+                held = plugin_state(server)["colocation"]["held"]
+                for index in range(6):
+                    assert len(generate(server, tokens(700, 2000 + index), 4, offline=False)["output_ids"]) == 4
+                state = plugin_state(server)["colocation"]
+                assert state["held"]["held_now"] == 1 and state["held"]["held_tokens"] == held["held_tokens"], (held, state["held"], state["counts"])
+                held_at = progress[0]
+            finally:
+                set_state(server, {"sgl_blend_clear_latency_budget": 1})
         wait_for(lambda: progress[0] >= held_at + 20 or parked.done(), "the held decode to decode 20 more tokens")
         state = plugin_state(server)
         resumed = parked.result()
