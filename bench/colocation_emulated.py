@@ -326,6 +326,11 @@ def decoded_tokens_per_s(records: Iterable[dict[str, Any]], run: dict[str, Any])
     return sum(record["offline_decode"] for record in records if in_replay(record, run)) / run["window_s"]
 
 
+def work_folder(report: Path) -> Path:
+    """Where a report's runs keep their server logs and iteration records: beside it, by its name."""
+    return report.parent / f"{report.stem}-work"
+
+
 def record_file(config: str, share: float, value: float | None) -> str:
     """The iteration log of the server ``config``'s evaluation ran on (`serving`): online-only's
     and HyGen's first server, Echo's own, one per load and knob for BROS and the baselines."""
@@ -1026,7 +1031,7 @@ def latency_fit(args: argparse.Namespace) -> tuple[ForwardPricer, FitReport]:
 
 def build_setup(args: argparse.Namespace) -> Setup:
     """The latency model fitted on the emulator's price, the online prompts and the offline file."""
-    work = args.out.parent / f"{args.out.stem}-work"
+    work = work_folder(args.out)
     work.mkdir(parents=True, exist_ok=True)
     if not args.resume:  # a new experiment: the records of one before it in this folder go
         for stale in work.glob("*.records.jsonl"):
@@ -1270,7 +1275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.rejudge:
         report = json.loads(args.out.read_text())
         if args.decoded_from_records:
-            decoded_from_records(report, args.out.parent / f"{args.out.stem}-work")
+            decoded_from_records(report, work_folder(args.out))
         for path in args.join:
             join(report, json.loads(path.read_text()), path)
         for path in args.merge:

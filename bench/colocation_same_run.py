@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.colocation_emulated import TUNE_SEED
+from bench.colocation_emulated import TUNE_SEED, work_folder
 from bench.colocation_sim_check import (
     FLAG,
     RESULTS,
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     report = json.loads(args.report.read_text())
     probe = {**json.loads(args.front_end.read_text()), "source": str(args.front_end)}
-    result = check(report, probe, args.front_end.parent / f"{args.front_end.stem}-work")
+    result = check(report, probe, work_folder(args.front_end))
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result) + "\n")
     print(markdown(result))

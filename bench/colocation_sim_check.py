@@ -94,6 +94,7 @@ from bench.colocation_emulated import (
     search,
     slo_for,
     slo_scaled,
+    work_folder,
 )
 from bench.shipped_path import HARDWARE
 from sgl_blend.core.bros.cost import HostTime, IterationCost, PeriodTail, SwapModel
@@ -454,7 +455,7 @@ def compare(
     probed: dict[tuple[float, str], dict[str, Any]] = {}
     if probe is not None:
         probed = {(row["share"], row["config"]): row for row in json.loads(probe.read_text())["rows"]}
-        probe_work = probe.parent / f"{probe.stem}-work"
+        probe_work = work_folder(probe)
     rows = []
     for cell in report["cells"]:
         seeds = list(evaluation_seeds(report))
@@ -587,8 +588,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "colocation_sim_check.json")
     args = parser.parse_args(argv)
     report = {**json.loads(args.report.read_text()), "source": str(args.report)}
-    work = args.work or args.report.parent / f"{args.report.stem}-work"
-    probe = args.front_end if (args.front_end.parent / f"{args.front_end.stem}-work").is_dir() else None
+    work = args.work or work_folder(args.report)
+    probe = args.front_end if work_folder(args.front_end).is_dir() else None
     if probe is None:
         print(f"no front-end probe with its records at {args.front_end}: no tuning-seed column", flush=True)
     result = compare(report, work, set(args.configs.split(",")) if args.configs else None, probe)

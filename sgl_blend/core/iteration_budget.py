@@ -95,12 +95,16 @@ class IterationBudget:
         self.decodes = self.decodes.with_decode(prefix + extend)
         self._charge_chunk(extend)
 
+    def _first_unit(self, before: BatchShape, after: BatchShape) -> bool:
+        """Whether ``after`` is ``before``, empty, with one decode or one minimal chunk added: the
+        unit an empty iteration always takes (module docstring)."""
+        return before.requests == 0 and after.requests == 1 and after.prefill_tokens <= self.min_offline_chunk
+
     def _fits(self, before: BatchShape, after: BatchShape) -> bool:
-        """Whether growing ``before`` to ``after`` stays within the time budget; the first unit of
-        work in an empty iteration always does (module docstring). Read only with a model."""
+        """Whether growing ``before`` to ``after`` stays within the time budget (an empty
+        iteration's first unit always does). Read only with a model."""
         assert self.model is not None, "the shapes are priced only under a time budget"
-        first_unit = before.requests == 0 and after.requests == 1 and after.prefill_tokens <= self.min_offline_chunk
-        return first_unit or self.model.predict(after) <= self.limit_s
+        return self._first_unit(before, after) or self.model.predict(after) <= self.limit_s
 
     def try_offline_decode(self, context: int) -> bool:
         """Keep an offline decode if the batch still fits; its KV is already resident. Without a time
@@ -164,8 +168,8 @@ class IterationBudget:
             chunk = max(0, min(extend, chunk_room, memory_room))
         else:
             chunk, _ = max_prefill(self.model, self.limit_s, self.batch, extend, prefix, chunk_room, memory_room)
-            if chunk < floor and self._fits(self.batch, self.batch.with_prefill(floor, prefix)):
-                chunk = max(0, min(floor, chunk_room, memory_room))  # the empty iteration's first unit
+            if chunk < floor and self._first_unit(self.batch, self.batch.with_prefill(floor, prefix)):
+                chunk = max(0, min(floor, chunk_room, memory_room))
             if chunk == extend and not self._fits(self.decodes, self.decodes.with_decode(prefix + extend)):
                 chunk = 0
         if must_progress:

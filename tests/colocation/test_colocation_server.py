@@ -213,14 +213,11 @@ def test_offline_work_runs_under_a_budget_below_any_iteration_when_nothing_onlin
     budget that priced even these out stopped the emulated HyGen batch until an online request came.)"""
     assert set_state(server, {"sgl_blend_latency_budget_s": 0.0, RESET: 1})
     try:
-        body = {"input_ids": tokens(40, 12), "routing_key": offline_routing_key("test"),
-                "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
-        answer = requests.post(f"{server.base_url}/generate", json=body, timeout=120)
-        answer.raise_for_status()
+        answer = generate(server, tokens(40, 12), 6, offline=True)
         records = plugin_state(server)["iterations"]
     finally:
         assert set_state(server, {"sgl_blend_clear_latency_budget": 1})
-    assert answer.json()["meta_info"]["completion_tokens"] == 6
+    assert answer["meta_info"]["completion_tokens"] == 6
     chunk = ColocationConfig().min_offline_chunk
     prefills = [record["prefill_tokens"] for record in records if record["offline_prefill"]]
     assert prefills == [chunk, chunk, 40 - 2 * chunk], prefills
