@@ -68,8 +68,8 @@ class Dispatcher:
         return lines_in_flight(worker.limits.concurrent(self.plan_keeper.mean_footprint), self.max_inflight)
 
     def resize(self) -> None:
-        """Size each co-locating slot's window from its queue as its engine last reported it; the
-        window holds until the next report, so lines sent since cannot be taken for running ones."""
+        """Size each co-locating slot's window from its queue and running batch as its engine last
+        reported them; the window holds until the next report."""
         self._colocated.clear()
         if self.max_inflight:
             return
@@ -78,9 +78,9 @@ class Dispatcher:
                 continue
             full = self._full_window(worker)
             for slot in worker.slots():
-                waiting = worker.waiting.get(slot.dp_rank or 0)
-                if waiting is not None:
-                    self._colocated[slot] = colocated_window(full, self._inflight[slot], waiting)
+                load = worker.loads.get(slot.dp_rank or 0)
+                if load is not None:
+                    self._colocated[slot] = colocated_window(full, self._inflight[slot], load)
 
     def fill(self) -> bool:
         """Start lines until every ready slot's window is full or its queue is empty, at most

@@ -42,6 +42,7 @@ from pydantic import BaseModel
 
 from sgl_blend.batch_lines.lines import BatchLine
 from sgl_blend.batch_lines.outcome import LineOutcome, aborted_outcome, answer_outcome
+from sgl_blend.server.window import RankLoad
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
 
 logger = logging.getLogger(__name__)
@@ -264,11 +265,11 @@ class InProcessEngine:
         """Each scheduler's internal state, as ``/server_info`` lists it."""
         return await self.tokenizer_manager.get_internal_state()
 
-    async def waiting(self) -> dict[int, int]:
-        """Each DP rank's queue length, from the load report SGLang's schedulers publish every
-        iteration (shared memory: no round trip to the scheduler)."""
+    async def loads(self) -> dict[int, RankLoad]:
+        """Each DP rank's queue and running batch, from the load report SGLang's schedulers
+        publish every iteration (shared memory: no round trip to the scheduler)."""
         loads = await self.tokenizer_manager.get_loads(include=["core"])
-        return {load.dp_rank: load.num_waiting_reqs for load in loads}
+        return {load.dp_rank: RankLoad(load.num_waiting_reqs, load.num_running_reqs) for load in loads}
 
 
 def _with_tokenizer_manager(handler: Any, tokenizer_manager: Any) -> Any:

@@ -29,13 +29,14 @@ from sgl_blend.client import http
 from sgl_blend.server.in_process import InProcessEngine
 from sgl_blend.server.line_route import ABORT_PATH, LINES_PATH
 from sgl_blend.server.prepared import PreparedLine
+from sgl_blend.server.window import RankLoad
 
 logger = logging.getLogger(__name__)
 # The most lines in one chunk: big enough that a window of thousands takes a few connections, small
 # enough that a chunk's connection is not kept long by its slowest line.
 CHUNK_LINES = 256
 PROBE_TIMEOUT_S = 10.0
-# SGLang's load report: each DP rank's queue length (`server.window.colocated_window`).
+# SGLang's load report: each DP rank's queue and running batch (`server.window.colocated_window`).
 LOADS_PATH = "/v1/loads?include=core"
 
 
@@ -71,7 +72,7 @@ class Transport(Protocol):
 
     async def info(self) -> dict[str, Any] | None: ...
 
-    async def waiting(self) -> dict[int, int] | None: ...
+    async def loads(self) -> dict[int, RankLoad] | None: ...
 
     async def close(self) -> None: ...
 
@@ -96,8 +97,8 @@ class InProcessTransport:
     async def info(self) -> dict[str, Any] | None:
         return {"dp_size": self.engine.dp_size, "internal_states": await self.engine.limits()}
 
-    async def waiting(self) -> dict[int, int] | None:
-        return await self.engine.waiting()
+    async def loads(self) -> dict[int, RankLoad] | None:
+        return await self.engine.loads()
 
     async def close(self) -> None:
         pass
@@ -197,12 +198,15 @@ class StreamTransport:
         except (http.NoAnswer, httpx.HTTPStatusError, ValueError):
             return None
 
-    async def waiting(self) -> dict[int, int] | None:
+    async def loads(self) -> dict[int, RankLoad] | None:
         """From SGLang's ``/v1/loads`` (None: the server did not answer it)."""
         try:
             response = await self.client.get(self.url + LOADS_PATH, timeout=PROBE_TIMEOUT_S)
             response.raise_for_status()
-            return {int(load["dp_rank"]): int(load["num_waiting_reqs"]) for load in response.json()["loads"]}
+            return {
+                int(load["dp_rank"]): RankLoad(int(load["num_waiting_reqs"]), int(load["num_running_reqs"]))
+                for load in response.json()["loads"]
+            }
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
 

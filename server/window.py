@@ -13,10 +13,12 @@ waits in SGLang's queue, and every scheduler iteration walks that queue (the off
 reconciling and proposal, the mode's plan, SGLang's own load report): on the emulated H100 about
 970 waiting lines took the scheduler's whole core and made the device wait on the host for 45% of
 the time. Such an engine's window follows what it runs: `colocated_window`, from its queue
-length as it reports it, looked at every `QUEUE_LOOK_S`.
+and running batch as it reports them (`RankLoad`), looked at every `QUEUE_LOOK_S`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # Lines in flight per request the engine runs at once. On trace2 (4,000 lines, emulated H100 in
 # real time) job times at x1, x2, x4 and x8 were within 2% for BlendServe and for lpm
@@ -53,11 +55,22 @@ def lines_in_flight(concurrent: int | None, chosen: int | None = None) -> int:
     return WINDOW_MULTIPLE * concurrent if concurrent else FALLBACK_WINDOW
 
 
-def colocated_window(full: int, inflight: int, waiting: int) -> int:
-    """Lines in flight on a co-locating engine's slot: those it runs now (``inflight`` less the
-    ``waiting`` it reports), and as many again waiting, at least `QUEUE_FLOOR`; never more than
-    the ``full`` window. Doubling lets the window grow as fast as the engine's share does. Lines
-    the engine has not reported yet count as running, so one look can overshoot by them; the
-    next one, with the engine's report caught up, sizes the window again."""
-    running = max(0, inflight - waiting)
+@dataclass(frozen=True, slots=True)
+class RankLoad:
+    """One DP rank's scheduler as SGLang's load report gives it: requests in its waiting queue
+    and in its running batch (online ones too; a parked or held request is in neither)."""
+
+    waiting: int
+    running: int
+
+
+def colocated_window(full: int, inflight: int, load: RankLoad) -> int:
+    """Lines in flight on a co-locating engine's slot: those it runs now, and as many again
+    waiting, at least `QUEUE_FLOOR`; never more than the ``full`` window. Doubling lets the window
+    grow as fast as the engine's share does. Of the ``inflight`` lines not in the queue, only as
+    many as the engine says it runs count as running: the rest are parked, or still on their way
+    (tokenized, not yet received). Counting lines on their way as running let a tokenizer that
+    lagged its scheduler for more than one look double the window at every look (2-core CI host:
+    128 lines queued where 33 were due)."""
+    running = min(max(0, inflight - load.waiting), load.running)
     return min(full, running + max(QUEUE_FLOOR, running))

@@ -43,7 +43,7 @@ from sgl_blend.server.assignment import Slot, worker_slots
 from sgl_blend.server.in_process import InProcessEngine
 from sgl_blend.server.prepared import PreparedLine
 from sgl_blend.server.transports import InProcessTransport, LineCall, StreamTransport, Transport
-from sgl_blend.server.window import concurrent_requests
+from sgl_blend.server.window import RankLoad, concurrent_requests
 
 logger = logging.getLogger(__name__)
 MAX_WORKER_BACKOFF_S = 10.0
@@ -95,9 +95,9 @@ class Worker:
     dp_size: int | None = None  # None: not known to be alive (not probed yet, or declared dead)
     inflight: int = 0
     limits: EngineLimits = field(default_factory=EngineLimits)
-    # Requests waiting in each DP rank's scheduler queue, as the engine last reported them (only
+    # Each DP rank's scheduler queue and running batch, as the engine last reported them (only
     # read for a co-locating engine).
-    waiting: dict[int, int] = field(default_factory=dict)
+    loads: dict[int, RankLoad] = field(default_factory=dict)
     backoff: http.Backoff = field(default_factory=lambda: http.Backoff(max_s=MAX_WORKER_BACKOFF_S))
     last_failure: Exception | None = None
 
@@ -292,15 +292,15 @@ class WorkerPool:
             logger.info("worker %s failed a line; pausing it %.1f s: %s", worker.url, pause, error)
 
     async def look_at_queues(self) -> None:
-        """Read each live co-locating worker's queue lengths (SGLang's load report); one that does
-        not answer keeps its last ones."""
+        """Read each live co-locating worker's queues and running batches (SGLang's load report);
+        one that does not answer keeps its last ones."""
         colocated = [worker for worker in self.workers.values() if worker.live and worker.limits.colocated]
-        answers = await asyncio.gather(*(worker.transport.waiting() for worker in colocated), return_exceptions=True)
-        for worker, waiting in zip(colocated, answers):
-            if isinstance(waiting, BaseException):
-                logger.debug("worker %s did not say its queue: %s", worker.url, waiting)
-            elif waiting is not None:
-                worker.waiting = waiting
+        answers = await asyncio.gather(*(worker.transport.loads() for worker in colocated), return_exceptions=True)
+        for worker, loads in zip(colocated, answers):
+            if isinstance(loads, BaseException):
+                logger.debug("worker %s did not say its queue: %s", worker.url, loads)
+            elif loads is not None:
+                worker.loads = loads
 
     async def probe(self) -> None:
         """Ask each worker not known to be alive what it is (at its back-off pace): one that

@@ -427,9 +427,9 @@ SURFACES = (
     ),
     Surface(
         "sglang.srt.managers.load_snapshot.LoadSnapshot",
-        "dp_rank num_waiting_reqs",
+        "dp_rank num_waiting_reqs num_running_reqs",
         "load",
-        "a co-locating engine's queue, for the runner's window",
+        "a co-locating engine's queue and running batch, for the runner's window",
     ),
     Surface(
         f"{IO}.GenerateReqInput",

@@ -16,8 +16,9 @@ Configurations are the same loop with different settings, so they differ only wh
   with mixed chunks; give it SGLang's own offline order, ``lpm``);
 - ``offline_rate``: offline requests are released to the pool at that rate (HyGen's HyGen*);
 - ``batch_window``: offline requests are released in file order through the Batch API's window
-  for a co-locating engine (`server.window.colocated_window`): what the engine runs plus as many
-  again, at least `QUEUE_FLOOR`, resized every `QUEUE_LOOK_S` -- the emulated judge's feed;
+  for a co-locating engine (`server.window.colocated_window`): what the engine runs (not what it
+  parks) plus as many again, at least `QUEUE_FLOOR`, resized every `QUEUE_LOOK_S` -- the emulated
+  judge's feed;
 - a latency budget (HyGen) or Echo's deadlines: the co-location planner. In Echo mode the
   controller's selector picks the offline admissions (`ColocationController.choose_offline`) from
   the policy's first proposals, as it does in the plugin from the ordered waiting queue, and they
@@ -49,7 +50,7 @@ from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.protocol import AdmissionPolicy, OfflineRequest
 from sgl_blend.core.request_timing import RequestTiming
 from sgl_blend.forward_time.step_time import IterationClock
-from sgl_blend.server.window import QUEUE_LOOK_S, colocated_window
+from sgl_blend.server.window import QUEUE_LOOK_S, RankLoad, colocated_window
 from sgl_blend.sim.feed import runner_window
 from sgl_blend.sim.kv_cache import RadixKVCache
 from sgl_blend.sim.workload import SimRequest
@@ -195,6 +196,8 @@ class _ColocatedRun:
         self.full_window = runner_window(self.offline_order, self.cfg, self.cfg.kv_capacity)
         self.window = 0
         self.next_look = 0.0
+        # Offline decodes the last iteration parked: SGLang's report counts them neither running nor waiting.
+        self.parked_now = 0
         self.horizon_s = horizon_s
         self.cache = RadixKVCache()
         self.private_used = 0
@@ -260,12 +263,14 @@ class _ColocatedRun:
 
     def _window_due(self) -> int:
         """Released offline requests the Batch API's window allows: those finished, and the window
-        resized at each look from what runs (admitted, prefilling or decoding) and what waits."""
+        resized at each look from what waits and what runs (admitted, prefilling or decoding, online
+        too; not parked), as SGLang's load report says."""
         finished = self.counts["offline_finished"]
         if self.now >= self.next_look:
-            running = sum(1 for active in self.running if not active.online)
+            admitted = sum(1 for active in self.running if not active.online)
             inflight = self.released - finished
-            self.window = colocated_window(self.full_window, inflight, inflight - running)
+            load = RankLoad(waiting=inflight - admitted, running=len(self.running) - self.parked_now)
+            self.window = colocated_window(self.full_window, inflight, load)
             self.next_look = self.now + QUEUE_LOOK_S
         return finished + self.window
 
@@ -391,6 +396,7 @@ class _ColocatedRun:
         decoding = [a for a in decoding if a.rid not in preempted]
         parked = set(plan.park)
         self.counts["parked"] += len(parked)
+        self.parked_now = len(parked)
         decoding = [a for a in decoding if a.rid not in parked]
         chunks: list[tuple[_Active, int]] = []
         room = self._online_prefill(self.cfg.chunk_tokens - (len(decoding) if self.cfg.mixed else 0), chunks)

@@ -232,9 +232,10 @@ def test_a_batch_waits_in_a_colocating_engine_only_as_far_as_its_window(server: 
     """While an online request decodes under a latency budget below any iteration, HyGen admits no
     offline line: the batch's lines can only wait. The full window (twice the ~190 short lines the
     4,096-token pool holds) would put all 150 in SGLang's queue; a co-locating engine's window holds
-    `QUEUE_FLOOR` there, up to twice that when the engine's report lagged lines sent since the last
-    look (they count as running until it shows them waiting), and no more after. Once the budget
-    is lifted the batch completes."""
+    `QUEUE_FLOOR` there, and one more for the online decode the engine reports running (a line on
+    its way to the scheduler counts as running only as far as the engine runs something). When
+    lines on their way counted as running, a tokenizer that lagged the scheduler doubled the window
+    at every look (64 here, 128 on a loaded CI host). Once the budget is lifted the batch completes."""
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
     with online_decoding(server, 3500):
         assert set_state(server, {"sgl_blend_latency_budget_s": 1e-4})
@@ -245,7 +246,7 @@ def test_a_batch_waits_in_a_colocating_engine_only_as_far_as_its_window(server: 
             for _ in range(6):
                 time.sleep(QUEUE_LOOK_S)
                 seen.append(waiting_in_engine(server))
-            assert QUEUE_FLOOR <= min(seen) and max(seen) <= 2 * QUEUE_FLOOR, seen
+            assert QUEUE_FLOOR <= min(seen) and max(seen) <= QUEUE_FLOOR + 1, seen
             assert client.batches.retrieve(batch.id).request_counts.completed == 0
         finally:
             assert set_state(server, {"sgl_blend_clear_latency_budget": 1})
