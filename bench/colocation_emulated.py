@@ -537,7 +537,7 @@ def search_and_evaluate(
         targets, tolerance = slo_for(name, setup.header["capacity_slo_s"], load.targets, load.tolerance)
         label = f"{name} {load.share:g} tuning"
         simulated = None
-        if setup.simulator is not None and name in MODES:
+        if setup.simulator is not None and name in MODES and low != high:
             arrivals = setup.simulator.arrivals(load.tune)
             simulated = setup.simulator.tune(name, label, targets, tolerance, arrivals)
         if low == high:
