@@ -60,6 +60,7 @@ import openai
 from bench import seed_judge
 from bench.colocation import Engine, judged_as_failed_if_switched_off, online_trace, sharegpt_prompts
 from bench.colocation_judge import add_deadline_scale_arguments
+from bench.host_cpu import CpuMeter
 from bench.shipped_path import HARDWARE
 from sgl_blend.client.http import server_info
 from sgl_blend.core.colocation import ColocationConfig
@@ -279,7 +280,9 @@ def trial(
             validated_s = offline.start()
             tokens_before = offline.output_tokens()
         clock_before, started, started_perf = read_clock(url), time.time(), time.perf_counter()
+        meter = CpuMeter(engine.server.process.pid).start()
         timings = asyncio.run(replay(url, trace, ONLINE_PRIORITY if priority else None))
+        cpu = meter.read()
         if sent is not None:
             sent.extend((started + timing.sent_at - started_perf, timing.ttft) for timing in timings)
         window = time.time() - started
@@ -290,6 +293,7 @@ def trial(
             "started_wall": round(started, 1),
             "window_s": round(window, 2),
             "offline_tokens_per_s": 0.0,
+            "host_cpu": cpu,
         }
         if offline is not None:
             run["offline_tokens_per_s"] = (offline.output_tokens() - tokens_before) / window
@@ -382,6 +386,12 @@ def progress(label: str, run: dict[str, Any]) -> dict[str, Any]:
         if "device_busy" in run
         else ""
     )
+    if "host_cpu" in run:
+        cpu = run["host_cpu"]
+        device += (
+            f", cores busy {cpu['host_busy']:.2f} of {cpu['host_cores']} (scheduler {cpu['scheduler']:.2f}, "
+            f"server {cpu['server']:.2f}, detokenizer {cpu['detokenizer']:.2f}, client {cpu['client']:.2f})"
+        )
     print(
         f"{time.strftime('%H:%M:%S')} {label}: {run.get('failed') or ''}P99 TTFT {run['ttft_p99'] * 1000:.0f} ms, "
         f"P99 TBT {run['tbt_p99'] * 1000:.1f} ms, offline {run['offline_tokens_per_s']:.0f} tok/s"

@@ -504,3 +504,66 @@ def test_the_sim_check_flags_a_difference_over_10_percent_and_one_outside_the_se
     assert inside["over_10_percent"] == [] and inside["outside_seed_range"] == []
     assert above["over_10_percent"] == above["outside_seed_range"] == list(COMPARED)
     assert low["over_10_percent"] == list(COMPARED) and low["outside_seed_range"] == []
+
+
+def test_host_periods_compare_batches_of_online_decodes_alone_within_each_runs_replay(tmp_path) -> None:
+    """Only batches of online decodes and nothing else, with a period, inside an evaluation run's
+    window count; online-only's records are read from HyGen's first server, as the judge keeps them."""
+    from bench import host_periods
+
+    def record(wall: float, period: float, online: int, **extra: int) -> dict:
+        return {"wall": wall, "period_s": period, "forward_s": 0.001, "online_decode": online,
+                "prefill_reqs": 0, "offline_decode": 0, **extra}
+
+    records = [
+        record(100.5, 0.005, 2), record(101.0, 0.007, 9),  # online-only's replay
+        record(200.5, 0.010, 2), record(201.0, 0.030, 2, offline_decode=5),  # HyGen's; the second has offline work
+        record(201.5, 0.050, 3, prefill_reqs=1), record(300.0, 0.9, 2),  # a prefill; outside every window
+    ]
+    work = tmp_path / "report-work"
+    work.mkdir()
+    (work / "hygen.records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = {"cells": [{"share": 0.3, "search": {"hygen": {"value": 0.008}}, "runs": {
+        "online-only": [{"started_wall": 100.0, "window_s": 2.0}],
+        "hygen": [{"started_wall": 200.0, "window_s": 2.0}],
+    }}]}
+    result = host_periods.measure(report, work)
+    configs = result["cells"][0]["configs"]
+    assert [(row["decodes_from"], row["batches"], row["period_median_s"]) for row in configs["online-only"]["rows"]] \
+        == [(1, 1, 0.005), (8, 1, 0.007)]
+    assert [(row["decodes_from"], row["batches"], row["period_median_s"]) for row in configs["hygen"]["rows"]] \
+        == [(1, 1, 0.010)]
+    assert "| 30% | hygen | 1+ | 10.0 |" in host_periods.markdown(result)
+
+
+def test_the_replays_cpu_is_counted_by_role_across_the_servers_process_tree(tmp_path) -> None:
+    """A stand-in server whose child calls itself SGLang's scheduler and burns 0.3 s of CPU: the
+    meter gives those seconds (less a few of the kernel's 10 ms ticks) to the scheduler, not to the server or
+    the detokenizer."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from bench.host_cpu import cpu_seconds
+
+    ready = tmp_path / "burnt"
+    child = ("import setproctitle, time\nsetproctitle.setproctitle('sglang::scheduler')\n"
+             "while time.process_time() < 0.3: pass\n"
+             f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)\n")
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    server = subprocess.Popen([sys.executable, "-c", parent])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "the stand-in scheduler never finished its work"
+        seconds = cpu_seconds(server.pid)
+    finally:
+        for process in psutil.Process(server.pid).children(recursive=True):
+            process.kill()
+        server.kill()
+        server.wait()
+    assert seconds["scheduler"] >= 0.25 and seconds["detokenizer"] == 0.0, seconds  # 10 ms ticks
+    assert seconds["server"] < seconds["scheduler"], seconds
