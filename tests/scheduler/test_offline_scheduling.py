@@ -23,7 +23,10 @@ from sgl_blend.launch.supervisor import ServerProcess
 from tests.conftest import free_port
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.server
+# The module's fixture runs the job on three fresh servers, and its time counts against the first
+# test: on this 2-core host 108 s alone and 862 s beside two busy processes; past the suite's
+# 900 s on a CI host whose other test worker was busy beside it.
+pytestmark = [pytest.mark.server, pytest.mark.timeout(2400)]
 
 KV_TOKENS = "8192"
 GROUPS = 16
