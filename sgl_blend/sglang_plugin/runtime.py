@@ -161,6 +161,9 @@ class PluginRuntime:
     def end_iteration(self) -> None:
         self._record_plan(self.mode.end_iteration())
 
+    def prefill_built_nothing(self) -> None:
+        self._record_plan(self.mode.prefill_built_nothing())
+
     def begin_forward(self, scheduler: Any, batch: Any) -> None:
         self._record_begin(scheduler, batch)
 

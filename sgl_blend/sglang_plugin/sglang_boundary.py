@@ -122,7 +122,7 @@ NEW_PREFILL_BATCH = Hook(
     f"{SCHEDULER}.Scheduler._get_new_batch_prefill_raw",
     "AROUND",
     "running_batch",
-    "the mode plans before a prefill batch and puts held decodes back",
+    "the mode plans before a prefill batch and puts held decodes back; returns (batch or None, running batch)",
 )
 UPDATE_RUNNING_BATCH = Hook(
     f"{SCHEDULER}.Scheduler.update_running_batch", "AROUND", "batch", "the mode plans before a decode batch"
@@ -451,6 +451,11 @@ def __getattr__(name: str) -> Any:
     value = pkgutil.resolve_name(NAMES[name])
     globals()[name] = value
     return value
+
+
+def prefill_built(result: tuple[Any, Any]) -> bool:
+    """Whether `NEW_PREFILL_BATCH`'s target built a prefill batch (else SGLang decodes next)."""
+    return result[0] is not None
 
 
 def register_hook(hook: Hook, function: Callable[..., Any]) -> None:

@@ -224,6 +224,32 @@ def test_offline_work_runs_under_a_budget_below_any_iteration_when_nothing_onlin
     assert all(record["prefill_reqs"] + record["decode_reqs"] == 1 for record in records), records
 
 
+def test_a_decode_iteration_is_planned_once(server: ServerProcess) -> None:
+    """SGLang passes through its prefill step on every iteration, building nothing while only
+    decodes run, then decodes. The prefill pass's plan stands for that decode: planning again
+    doubled the mode's scheduler time on every decode iteration (HyGen's scheduler took 0.78 of the
+    emulated H100 bench's 2 cores where priority's took 0.47). Two snapshots while two offline
+    requests decode: one plan per iteration between them."""
+    assert set_state(server, {RESET: 1})
+
+    def looked() -> tuple[int, int, int]:
+        state = plugin_state(server)
+        last = max((record["iteration"] for record in state["iterations"]), default=0)
+        return state["colocation"]["counts"].get("plans", 0), last, (state["offline"] or {}).get("running", 0)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        decoding = [pool.submit(generate, server, tokens(32, 40 + seed), 600, offline=True) for seed in range(2)]
+        wait_for(lambda: looked()[2] == 2, "both offline requests running")
+        plans_before, iteration_before, _ = looked()
+        time.sleep(0.5)
+        plans_after, iteration_after, running = looked()
+        assert all(future.result()["meta_info"]["completion_tokens"] == 600 for future in decoding)
+    assert running == 2, "the requests finished before the second look; make them longer"
+    iterations = iteration_after - iteration_before
+    assert iterations > 10, (iteration_before, iteration_after)
+    assert plans_after - plans_before <= iterations + 1, (plans_after - plans_before, iterations)
+
+
 def waiting_in_engine(server: ServerProcess) -> int:
     return requests.get(f"{server.base_url}/v1/loads?include=core", timeout=60).json()["loads"][0]["num_waiting_reqs"]
 

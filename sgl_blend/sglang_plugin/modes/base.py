@@ -69,6 +69,12 @@ class Mode:
         record should carry about it."""
         return None
 
+    def prefill_built_nothing(self) -> dict[str, Any] | None:
+        """SGLang built no prefill batch, so it may decode the running batch next, in the same
+        iteration; a mode whose plan covers that decode too keeps it. By default, the end of the
+        iteration's prefill pass is the end of its plan."""
+        return self.end_iteration()
+
     def order_offline(self, waiting_queue: list, tree_cache: Any, reusers: ReuserIndex | None) -> None:
         """The offline pool has put the waiting queue in its order (online first); a mode that
         picks offline work itself reorders it here, before SGLang's adder walks it."""

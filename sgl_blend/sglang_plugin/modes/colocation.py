@@ -65,6 +65,8 @@ class ColocationMode(Mode):
         """Plan the iteration over the running batch and the held decodes; preempt and hold what
         the plan says. Held decodes it keeps are put back by the caller (`before_prefill`)."""
         state = live(self.state)
+        self._close_plan(state)
+        state.counts["plans"] += 1
         if len(state.parked):
             state.counts["parked_gone"] += state.parked.forget_missing(req.rid for req in scheduler.waiting_queue)
         state.held.sweep()
@@ -167,7 +169,8 @@ class ColocationMode(Mode):
         """The decode iteration's plan; when KV runs out, parked KV is unpinned, then held offline
         requests give theirs back, newest first, then running offline ones."""
         state = live(self.state)
-        self._plan(scheduler, batch)
+        if state.plan is None:
+            self._plan(scheduler, batch)
         if batch.check_decode_mem():
             return
         state.parked.drop_newest(len(batch.reqs))
@@ -184,7 +187,18 @@ class ColocationMode(Mode):
     @guarded("state", FAILED)
     def end_iteration(self) -> dict[str, Any] | None:
         """What the plan spent, for the iteration record."""
-        state = live(self.state)
+        return self._close_plan(live(self.state))
+
+    def prefill_built_nothing(self) -> dict[str, Any] | None:
+        """The prefill pass's plan stands for the decode that follows: the running batch, the held
+        decodes and the queue are as it saw them, and planning again would repeat its work (the
+        view of the batch, the budget) on every decode iteration's scheduler time."""
+        return None
+
+    @staticmethod
+    def _close_plan(state: ColocationState) -> dict[str, Any] | None:
+        """Count what the iteration's plan decided and drop it; its summary. A plan kept for a decode
+        that did not come (SGLang found the running batch empty) is closed by the next plan."""
         plan, state.plan = state.plan, None
         if plan is None:
             return None
