@@ -56,16 +56,16 @@ def register_hooks(runtime: PluginRuntime) -> None:
     def around_prefill(original: Callable, *args: Any, **kwargs: Any) -> Any:
         batch = runtime.before_prefill(args[0], running_arg.read(args, kwargs))
         args, kwargs = running_arg.replaced(args, kwargs, batch)
-        built = True
         try:
             result = original(*args, **kwargs)
-            built = sgl.prefill_built(result)
-            return result
-        finally:
-            if built:
-                runtime.end_iteration()
-            else:
-                runtime.prefill_built_nothing()
+        except BaseException:
+            runtime.end_iteration()
+            raise
+        if sgl.prefill_built(result):
+            runtime.end_iteration()
+        else:
+            runtime.prefill_built_nothing()
+        return result
 
     def around_decode(original: Callable, *args: Any, **kwargs: Any) -> Any:
         runtime.before_decode(args[0], decode_batch.read(args, kwargs))

@@ -58,7 +58,7 @@ def new_forwards(before: ClockReading, after: ClockReading, *, kept_only: bool =
     recent = state["recent"]
     count = state["forwards"] - old["forwards"]
     assert kept_only or count <= len(recent), f"{count} forwards, the clock keeps {len(recent)}"
-    return recent[len(recent) - min(count, len(recent)):]
+    return recent[max(len(recent) - count, 0):]
 
 
 def prefill_chunks(records: list[dict[str, Any]]) -> list[tuple[int, int]]:
