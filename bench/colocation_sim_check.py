@@ -6,7 +6,7 @@ mixed chunks for the co-location modes, none for SGLang's priority scheduling).
 
 Both price a forward with the same `StepTime` (`emulation.pricing`), so where they differ the
 difference is what the simulator leaves out: above all the host. The emulated engine's iterations
-take their launch-to-launch period (`iteration_log`'s ``period_s``), the simulator's their price.
+last from one batch's end to the next's (`core.host_gap.end_to_end`), the simulator's their price.
 Each configuration is simulated three times:
 
 - ``gpu_host``: as a GPU server's engine (an iteration lasts its price);
@@ -47,9 +47,9 @@ run's iteration records in each replay's window:
   to first token. The simulator's counterpart is its engine's time from taking a request in to
   its first token (``RequestTiming.received``); what the client's P99 adds beyond it is the front
   end (HTTP, tokenizer manager and detokenizer, the client).
-- ``engine_tbt_p99``: per online token decoded, its batch's launch-to-launch period
-  (`engine_token_gaps`): the time between a request's tokens before the way back to the client,
-  which the simulated TBT is.
+- ``engine_tbt_p99``: per online token decoded, the time from the batch before's end to its
+  batch's (`engine_token_gaps`): the time between a request's tokens before the way back to the
+  client, which the simulated TBT is.
 
 Each mode's knob search is also run in the simulator on the tuning trace, with and without the
 host, beside the knob the emulated search chose: what ``--sim-first`` in the judge starts from.
@@ -101,6 +101,7 @@ from sgl_blend.core.bros.cost import HostTime, IterationCost, PeriodTail, SwapMo
 from sgl_blend.core.bros.requests import SLO as RealtimeSLO
 from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
+from sgl_blend.core.host_gap import end_to_end
 from sgl_blend.core.latency_model import FitReport, LatencyModel
 from sgl_blend.core.psm_policy import make_offline_policy
 from sgl_blend.core.request_timing import RequestTiming
@@ -178,10 +179,16 @@ def host_gaps(config: str, records: list[dict[str, Any]], runs: list[dict[str, A
 
 
 def engine_token_gaps(records: Sequence[dict[str, Any]]) -> list[float]:
-    """Per online token a batch decoded, that batch's launch-to-launch period: the engine's time
-    between an online request's tokens (an online decode is never parked, so it ran in the batch
-    before too), without the way to the client."""
-    return [record["period_s"] for record in records if "period_s" in record for _ in range(record["online_decode"])]
+    """Per online token a batch decoded, the time from the previous batch's end to this one's
+    (`core.host_gap.end_to_end`): the engine's time between an online request's tokens (an
+    online decode is never parked, so it ran in the batch before too), without the way to the
+    client. Not the batch's launch-to-launch period, which is the batch before's."""
+    return [
+        gap
+        for previous, record in zip(records, records[1:])
+        if (gap := end_to_end(previous, record)) is not None
+        for _ in range(record["online_decode"])
+    ]
 
 
 def scheduler_ttfts(records: Sequence[dict[str, Any]]) -> list[float]:

@@ -462,14 +462,17 @@ def test_the_sim_check_starts_the_batch_where_the_engine_started_it() -> None:
     assert offline_lead_s([], run) == 0.0
 
 
-def test_the_engines_token_gaps_are_its_batches_periods_once_per_online_decode() -> None:
-    """Two online decodes in a batch are two tokens that waited its period; a batch after an idle
-    spell has no period, and one without online decodes adds no online token."""
+def test_the_engines_token_gaps_run_from_end_to_end_once_per_online_decode() -> None:
+    """Two online decodes in a batch are two tokens that came that long after the batch before's:
+    its period (launch to launch) plus its forward less the one before's, so a long forward is its
+    own batch's gap, not the next one's. A batch after an idle spell has no period, and one
+    without online decodes adds no online token."""
     from bench.colocation_sim_check import engine_token_gaps
 
-    records = [{"period_s": 0.01, "online_decode": 2}, {"online_decode": 3}, {"period_s": 0.02, "online_decode": 0},
-               {"period_s": 0.03, "online_decode": 1}]
-    assert engine_token_gaps(records) == [0.01, 0.01, 0.03]
+    records = [{"forward_s": 0.004, "online_decode": 1}, {"period_s": 0.005, "forward_s": 0.012, "online_decode": 2},
+               {"forward_s": 0.004, "online_decode": 3}, {"period_s": 0.02, "forward_s": 0.004, "online_decode": 0},
+               {"period_s": 0.006, "forward_s": 0.005, "online_decode": 1}]
+    assert engine_token_gaps(records) == pytest.approx([0.013, 0.013, 0.007])
 
 
 def test_the_same_run_check_reads_the_schedulers_first_tokens_inside_the_replay() -> None:
