@@ -437,6 +437,7 @@ def test_the_sim_check_reads_the_engines_part_of_a_replay_from_its_records() -> 
         {"wall": 1001.31, "offline_decode": 30, "online_prefilled": [1001.21, 1001.3], "online_decode": 0},
         {"wall": 1001.9, "offline_decode": 20, "online_decode": 2, "period_s": 0.012},
     ]
+    records = [{**record, "forward_s": 0.001} for record in records]  # equal forwards: gaps are periods
     trace = [OnlineArrival(at, SimRequest(f"on-{at}", "online", (), 10, 5, 5, True)) for at in (0.0, 1.2, 1.3)]
     (figures,) = emulated_figures([run], records, [trace])
     assert figures["engine_offline_tokens_per_s"] == 30.0 and figures["offline_tokens_per_s"] == 9.0
@@ -488,6 +489,7 @@ def test_the_same_run_check_reads_the_schedulers_first_tokens_inside_the_replay(
         {"wall": 100.100, "offline_decode": 5, "online_received": [100.060], "online_decode": 1, "period_s": 0.02},
         {"wall": 100.140, "offline_decode": 5, "online_prefilled": [100.060], "online_decode": 1, "period_s": 0.04},
     ]
+    records = [{**record, "forward_s": 0.001} for record in records]  # equal forwards: gaps are periods
     figures = emulated(row, records)
     assert figures["scheduler_ttft_p99"] == pytest.approx(0.006 + 0.99 * (0.080 - 0.006))
     assert figures["engine_tbt_p99"] == pytest.approx(0.02 + 0.99 * 0.02)
