@@ -12,6 +12,8 @@
   AFTER hook on ``Scheduler.abort_request`` frees held decodes, which SGLang's abort cannot see.
 - An AROUND hook on ``Scheduler.run_batch`` keeps the per-iteration record and times the forward;
   an AFTER hook on ``process_batch_result`` reports progress and completions.
+- An AFTER hook on ``SchedulerLoadInquirer.get_loads`` counts a mixed iteration's decodes in the
+  load report's running requests (`load_report`).
 - An AFTER hook on ``Scheduler._add_request_to_queue`` notes when requests first arrive.
 - An AFTER hook on ``GenerateReqInput.__getitem__`` (in the HTTP process) gives the samples of an
   ``n > 1`` request its routing key, which SGLang leaves off them; an AROUND hook on the HTTP
@@ -95,6 +97,12 @@ def register_hooks(runtime: PluginRuntime) -> None:
     def around_idle(original: Callable, *args: Any, **kwargs: Any) -> bool:
         return runtime.idle(original(*args, **kwargs))
 
+    def after_get_loads(load: Any, *args: Any, **kwargs: Any) -> Any:
+        running = runtime.running_requests(args[0].get_running_batch())
+        if running is not None:
+            load.num_running_reqs = running
+        return load
+
     def after_abort(result: Any, *args: Any, **kwargs: Any) -> Any:
         runtime.aborted(args[0], abort_req.read(args, kwargs))
         return result
@@ -107,6 +115,7 @@ def register_hooks(runtime: PluginRuntime) -> None:
     sgl.register_hook(sgl.PROCESS_BATCH_RESULT, after_batch_result)
     sgl.register_hook(sgl.ADD_REQUEST_TO_QUEUE, after_add_to_queue)
     sgl.register_hook(sgl.IS_FULLY_IDLE, around_idle)
+    sgl.register_hook(sgl.GET_LOADS, after_get_loads)
     sgl.register_hook(sgl.ABORT_REQUEST, after_abort)
     sgl.register_hook(sgl.SUBREQUEST_ROUTING_KEY, subrequest_keeps_routing_key)
     sgl.register_hook(sgl.FREEZE_GC_AFTER_WARMUP, freeze_gc_once_listening)

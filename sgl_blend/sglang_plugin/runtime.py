@@ -21,6 +21,7 @@ from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin import sglang_boundary as sgl
 from sgl_blend.sglang_plugin.guard import SWITCHED_OFF, guarded, live, switch_off
 from sgl_blend.sglang_plugin.iteration_log import IterationRecorder
+from sgl_blend.sglang_plugin.load_report import LaunchedRequests
 from sgl_blend.sglang_plugin.modes import make_mode
 from sgl_blend.sglang_plugin.modes.base import free_kv_tokens
 from sgl_blend.sglang_plugin.offline_pool import OfflinePool
@@ -29,6 +30,7 @@ from sgl_blend.sglang_plugin.settings import PluginSettings
 
 POOL_FAILED = "sgl-blend offline pool failed; falling back to SGLang's own scheduling"
 RECORD_FAILED = "sgl-blend per-iteration record failed; recording stops"
+LOAD_FAILED = "sgl-blend could not count the running requests; the load report is SGLang's own"
 
 
 class PluginRuntime:
@@ -39,6 +41,7 @@ class PluginRuntime:
         self.pool: OfflinePool | None = None
         self._pool_tried = not settings.pool_enabled
         self.prompt_check = PromptCheck()
+        self.launched: LaunchedRequests | None = LaunchedRequests()
 
     def reusers(self) -> ReuserIndex | None:
         """The pool's pending-reuser counts, for the radix backend's Echo eviction."""
@@ -165,7 +168,17 @@ class PluginRuntime:
         self._record_plan(self.mode.prefill_built_nothing())
 
     def begin_forward(self, scheduler: Any, batch: Any) -> None:
+        self._note_launch(batch)
         self._record_begin(scheduler, batch)
+
+    @guarded("launched", LOAD_FAILED)
+    def _note_launch(self, batch: Any) -> None:
+        live(self.launched).launched(batch)
+
+    @guarded("launched", LOAD_FAILED)
+    def running_requests(self, running_batch: Any) -> int | None:
+        """What the load report should count as running (None: leave SGLang's count)."""
+        return live(self.launched).running(running_batch)
 
     def forward_done(self, forward_s: float) -> None:
         self.mode.forward_done(self._record_forward(), forward_s)

@@ -135,6 +135,12 @@ ADD_REQUEST_TO_QUEUE = Hook(
     f"{SCHEDULER}.Scheduler._add_request_to_queue", "AFTER", "req is_retracted", "when a request first arrives"
 )
 IS_FULLY_IDLE = Hook(f"{SCHEDULER}.Scheduler.is_fully_idle", "AROUND", "", "not idle while decodes are held")
+GET_LOADS = Hook(
+    "sglang.srt.managers.scheduler_components.load_inquirer.SchedulerLoadInquirer.get_loads",
+    "AFTER",
+    "",
+    "the load report counts a mixed iteration's decodes as running",
+)
 ABORT_REQUEST = Hook(f"{SCHEDULER}.Scheduler.abort_request", "AFTER", "recv_req", "frees held decodes")
 GET_INTERNAL_STATE = Hook(
     f"{STATE}.SchedulerInternalStateController.get_internal_state", "AFTER", "", "the plugin's state in /server_info"
@@ -184,6 +190,7 @@ HOOKS = (
     PROCESS_BATCH_RESULT,
     ADD_REQUEST_TO_QUEUE,
     IS_FULLY_IDLE,
+    GET_LOADS,
     ABORT_REQUEST,
     GET_INTERNAL_STATE,
     UPDATE_HANDLERS,
@@ -429,7 +436,14 @@ SURFACES = (
         "sglang.srt.managers.load_snapshot.LoadSnapshot",
         "dp_rank num_waiting_reqs num_running_reqs",
         "load",
-        "a co-locating engine's queue and running batch, for the runner's window",
+        "a co-locating engine's queue and running batch, for the runner's window; the running "
+        "count corrected in the scheduler",
+    ),
+    Surface(
+        "sglang.srt.managers.scheduler_components.load_inquirer.SchedulerLoadInquirer",
+        "get_running_batch",
+        "inquirer",
+        "the running batch the load report counts",
     ),
     Surface(
         f"{IO}.GenerateReqInput",

@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import json
 import random
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -278,6 +279,49 @@ def test_a_batch_waits_in_a_colocating_engine_only_as_far_as_its_window(server: 
             assert set_state(server, {"sgl_blend_clear_latency_budget": 1})
     done = wait_until(client, batch.id)
     assert done.status == "completed" and done.request_counts.completed == 150, done
+
+
+def running_in_engine(server: ServerProcess) -> int:
+    return requests.get(f"{server.base_url}/v1/loads?include=core", timeout=60).json()["loads"][0]["num_running_reqs"]
+
+
+def test_the_load_report_counts_the_decodes_a_mixed_iteration_runs(server: ServerProcess) -> None:
+    """Two offline requests decode while online prompts keep arriving, so most iterations are mixed:
+    SGLang folds the decodes into the prefill batch and leaves an empty running batch until the
+    result is back, and its own report said 0 running from there. The runner sizes a co-locating
+    engine's window from the report (`colocated_window`), so every look must count both decodes."""
+    stop = threading.Event()
+
+    def online(seed: int) -> int:
+        sent = 0
+        while not stop.is_set():
+            generate(server, tokens(200, 5000 + 1000 * seed + sent), 1, offline=False)
+            sent += 1
+        return sent
+
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        decoding = [pool.submit(generate, server, tokens(32, 60 + seed), 1200, offline=True, rid=f"reported-{seed}")
+                    for seed in range(2)]
+        wait_for(lambda: (plugin_state(server)["offline"] or {}).get("running", 0) == 2, "both offline requests running")
+        arrivals = [pool.submit(online, seed) for seed in range(3)]
+        wait_for(lambda: all(arrival.running() for arrival in arrivals), "online requests arriving")
+        assert set_state(server, {RESET: 1})
+        seen = []
+        for _ in range(40):
+            seen.append(running_in_engine(server))
+            time.sleep(0.05)
+        still_decoding = not any(future.done() for future in decoding)
+        records = plugin_state(server)["iterations"]
+        stop.set()
+        for seed in range(2):
+            requests.post(f"{server.base_url}/abort_request", json={"rid": f"reported-{seed}"}, timeout=60)
+        assert all(arrival.result() > 0 for arrival in arrivals)
+        for future in decoding:
+            future.result()
+    assert still_decoding, "the offline requests finished while the report was read; make them longer"
+    mixed = sum(record["mode"] == "mixed" and record["offline_decode"] == 2 for record in records)
+    assert mixed >= 10, [record["mode"] for record in records]
+    assert min(seen) >= 2, seen
 
 
 def test_a_parked_offline_decode_is_held_with_its_kv_through_an_online_burst_and_resumes_without_a_prefill(
