@@ -25,11 +25,14 @@ class LaunchedRequests:
         self._reqs: list[Any] = []
 
     def launched(self, batch: Any) -> None:
-        self._reqs = batch.reqs
+        # A decode batch's requests are the running batch's: nothing to add, every iteration.
+        self._reqs = [] if batch.forward_mode.is_decode() else batch.reqs
 
     def running(self, running_batch: Any) -> int:
         """Requests the engine runs now: its running batch's, and the launched batch's that have
         not finished (a mixed batch's decodes and prefills)."""
+        if not self._reqs:
+            return len(running_batch.reqs)
         ids = {id(req) for req in running_batch.reqs}
         ids.update(id(req) for req in self._reqs if not req.finished())
         return len(ids)

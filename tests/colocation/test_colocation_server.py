@@ -251,8 +251,13 @@ def test_a_decode_iteration_is_planned_once(server: ServerProcess) -> None:
     assert plans_after - plans_before <= iterations + 1, (plans_after - plans_before, iterations)
 
 
+def engine_load(server: ServerProcess) -> dict[str, Any]:
+    """The first scheduler's load report, as `/v1/loads` gives it."""
+    return requests.get(f"{server.base_url}/v1/loads?include=core", timeout=60).json()["loads"][0]
+
+
 def waiting_in_engine(server: ServerProcess) -> int:
-    return requests.get(f"{server.base_url}/v1/loads?include=core", timeout=60).json()["loads"][0]["num_waiting_reqs"]
+    return engine_load(server)["num_waiting_reqs"]
 
 
 def test_a_batch_waits_in_a_colocating_engine_only_as_far_as_its_window(server: ServerProcess) -> None:
@@ -281,10 +286,6 @@ def test_a_batch_waits_in_a_colocating_engine_only_as_far_as_its_window(server: 
     assert done.status == "completed" and done.request_counts.completed == 150, done
 
 
-def running_in_engine(server: ServerProcess) -> int:
-    return requests.get(f"{server.base_url}/v1/loads?include=core", timeout=60).json()["loads"][0]["num_running_reqs"]
-
-
 def test_the_load_report_counts_the_decodes_a_mixed_iteration_runs(server: ServerProcess) -> None:
     """Two offline requests decode while online prompts keep arriving, so most iterations are mixed:
     SGLang folds the decodes into the prefill batch and leaves an empty running batch until the
@@ -308,7 +309,7 @@ def test_the_load_report_counts_the_decodes_a_mixed_iteration_runs(server: Serve
         assert set_state(server, {RESET: 1})
         seen = []
         for _ in range(40):
-            seen.append(running_in_engine(server))
+            seen.append(engine_load(server)["num_running_reqs"])
             time.sleep(0.05)
         still_decoding = not any(future.done() for future in decoding)
         records = plugin_state(server)["iterations"]
