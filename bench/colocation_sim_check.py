@@ -97,7 +97,8 @@ from bench.colocation_emulated import (
     work_folder,
 )
 from bench.shipped_path import HARDWARE
-from sgl_blend.core.bros.cost import HostTime, IterationCost, PeriodTail, SwapModel
+from sgl_blend.core.bros.cost import IterationCost, PeriodTail, SwapModel
+from sgl_blend.core.host_gap import HostTime
 from sgl_blend.core.bros.requests import SLO as RealtimeSLO
 from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, model_spec
@@ -332,13 +333,12 @@ class Simulator:
         tokens count from there."""
         sizing = self.sizing
         arrivals = [dataclasses.replace(arrival, at=arrival.at + lead_s) for arrival in arrivals]
-        clock: IterationClock = NoisyClock(self.step, 0.0, 0)
-        # BROS's plan learns the host's time from the gaps, as the plugin learns it from records.
-        host_time = HostTime() if config == "bros" else None
-        if host is not None:
-            clock = HostBoundClock(clock, host, observer=host_time.observe if host_time else None)
+        device: IterationClock = NoisyClock(self.step, 0.0, 0)
         horizon = max(arrival.at for arrival in arrivals)
         if config == "bros":
+            # BROS's plan learns the host's time from the gaps, as the plugin learns it from records.
+            host_time = HostTime()
+            clock = device if host is None else HostBoundClock(device, host, observer=host_time.observe)
             assert value is not None
             scaled = slo_scaled(value, targets)
             slo = RealtimeSLO(scaled["ttft_slo_s"], scaled["tpot_slo_s"], scaled["idle_budget_s"])
@@ -375,7 +375,10 @@ class Simulator:
             batch_window=True,
         )
         policy = make_offline_policy("psm", self.cost.model, self.cost.hardware) if config != "online-only" else None
-        engine = ColocatedEngine(clock, ColocationController(colocation), policy, engine_config)
+        controller = ColocationController(colocation)
+        # and so does HyGen's or Echo's
+        clock = device if host is None else HostBoundClock(device, host, observer=controller.observe_host)
+        engine = ColocatedEngine(clock, controller, policy, engine_config)
         result = engine.run(arrivals, self.offline if policy is not None else [], horizon)
         return figures(result.online, result.offline_output_tokens_per_s(lead_s), front)
 

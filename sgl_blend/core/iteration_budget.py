@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sgl_blend.core.host_gap import HostTime
 from sgl_blend.core.latency_model import BatchShape, LatencyModel, Predictor, max_prefill
 
 DEFAULT_MIN_OFFLINE_CHUNK = 16
@@ -44,13 +45,18 @@ class RunningRequest:
 class ScaledModel:
     """A fitted model whose predictions are multiplied by the engine's recent measured/predicted
     ratio: the fit describes the machine as profiled, the scale follows it as it is now (a
-    shared CPU slows down and speeds up with its neighbours)."""
+    shared CPU slows down and speeds up with its neighbours). With ``host``, a batch takes at
+    least the host's time for its requests: SGLang hands the device its next batch only when the
+    host has built it, so on a host that falls behind the period is the host's, whatever the
+    device would need."""
 
     model: LatencyModel
     scale: float
+    host: HostTime | None = None
 
     def predict(self, shape: BatchShape) -> float:
-        return self.scale * self.model.predict(shape)
+        device_s = self.scale * self.model.predict(shape)
+        return device_s if self.host is None else max(device_s, self.host.seconds(shape.requests))
 
 
 class IterationBudget:

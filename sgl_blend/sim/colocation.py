@@ -7,7 +7,9 @@ decodes and online prefill chunks first, offline decodes the plan parks skip the
 offline prefill chunks in the offline policy's order fill what the budget, the chunk room and the
 KV leave. The iteration then takes what its clock measures for the batch that really ran
 (`NoisyClock`, or `sim.host.HostBoundClock` for a host that falls behind the device), and the
-controller's calibration learns from that measurement, as it does from SGLang's periods.
+controller's calibration learns from that measurement, as it does from SGLang's periods; its host
+time learns from the gaps a host-bound clock reports to `ColocationController.observe_host`, as
+the plugin's does from the iteration records.
 
 Configurations are the same loop with different settings, so they differ only where they say:
 
@@ -418,7 +420,7 @@ class _ColocatedRun:
             return False
         seconds = self.engine.clock.measure(shape)
         if self.controller.model is not None:
-            self.controller.observe(self.controller.model.predict(shape), seconds)
+            self.controller.observe(self.controller.model.predict(shape), seconds, shape.requests)
         self.now += seconds
         self.iterations += 1
         self.cache.advance(1)

@@ -107,7 +107,7 @@ class HostBoundClock:
 
     ``observer`` sees each batch's request count and its drawn gap, as the emulated engine's
     iteration records show them to a scheduler that learns the host's time (BROS's
-    `core.bros.cost.HostTime`); without it the simulated scheduler plans as if the host kept up,
+    `core.host_gap.HostTime`); without it the simulated scheduler plans as if the host kept up,
     which the engine's does not."""
 
     def __init__(

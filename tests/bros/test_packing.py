@@ -11,7 +11,8 @@ import math
 import pytest
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize, Pressure
-from sgl_blend.core.bros.cost import HostTime, IterationCost, PeriodTail, SwapModel
+from sgl_blend.core.bros.cost import IterationCost, PeriodTail, SwapModel
+from sgl_blend.core.host_gap import HostTime
 from sgl_blend.core.bros.packing import BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 from sgl_blend.core.latency_model import BatchShape, LinearLatencyModel

@@ -172,14 +172,54 @@ def test_calibration_scales_predictions_toward_what_batches_really_took() -> Non
                          waiting_online=[], kv_capacity=100_000)
     assert live.begin(view).park == []  # 1 ms + 1 ms + 1 ms predicted
     for _ in range(20):
-        live.observe(model_s=0.002, measured_s=0.006)  # the machine runs three times slower
+        live.observe(model_s=0.002, measured_s=0.006, requests=2)  # the machine runs three times slower
     assert live.calibration == pytest.approx(3.0, rel=1e-3)
     plan = live.begin(view)
     assert plan.budget.predicted_s() == pytest.approx(0.006, rel=1e-3) and plan.budget.model_s() == pytest.approx(0.002)
     assert plan.park == ["a"]
     frozen = controller(latency_budget_s=0.004, calibration_alpha=0.0)
-    frozen.observe(0.002, 0.006)
+    frozen.observe(0.002, 0.006, 2)
     assert frozen.calibration == 1.0
+
+
+def host_of(controller_: ColocationController, *gaps: tuple[int, float]) -> ColocationController:
+    for requests, gap_s in gaps:
+        controller_.observe_host(requests, gap_s)
+    return controller_
+
+
+def test_a_period_the_host_bounds_leaves_the_calibration_alone() -> None:
+    """The host takes 6 ms after every batch, whatever its size: a 6 ms period of a batch the
+    model prices at 2 ms is the host's, not a device three times slower. Where the host keeps
+    up (0.5 ms), the same period still calibrates."""
+    host_bound = host_of(controller(latency_budget_s=0.004, calibration_alpha=0.5), (1, 0.006), (10, 0.006))
+    host_bound.observe(model_s=0.002, measured_s=0.006, requests=2)
+    assert host_bound.calibration == 1.0
+    device_bound = host_of(controller(latency_budget_s=0.004, calibration_alpha=0.5), (1, 0.0005), (10, 0.0005))
+    device_bound.observe(model_s=0.002, measured_s=0.006, requests=2)
+    assert device_bound.calibration == pytest.approx(2.0)
+
+
+def test_offline_decodes_the_device_finishes_within_the_hosts_time_are_kept() -> None:
+    """Budget 3 ms; one online decode (2 ms) and three offline ones (1 ms each). A host that keeps
+    up leaves room for one; a host that takes 6 ms whatever the batch makes the iteration last
+    6 ms anyway, and all three fit in it."""
+    view = IterationView(now=0.0, running=[RunningRequest("on", True, 1000), offline("a", 1000), offline("b", 1000),
+                                           offline("c", 1000)], waiting_online=[], kv_capacity=100_000)
+    assert controller(latency_budget_s=0.003).begin(view).park == ["b", "c"]
+    slow_host = host_of(controller(latency_budget_s=0.003), (1, 0.006), (10, 0.006))
+    plan = slow_host.begin(view)
+    assert plan.park == [] and plan.budget.latency_s == pytest.approx(0.006)
+
+
+def test_the_hosts_time_per_request_counts_against_offline_decodes() -> None:
+    """0.8 ms of host time per request, a 2.6 ms budget: the device would run the online decode
+    and three short offline ones in 2.3 ms, but four requests take the host 3.2 ms."""
+    view = IterationView(now=0.0, running=[RunningRequest("on", True, 1000), offline("a", 100), offline("b", 100),
+                                           offline("c", 100)], waiting_online=[], kv_capacity=100_000)
+    assert controller(latency_budget_s=0.0026).begin(view).park == []
+    per_request = host_of(controller(latency_budget_s=0.0026), (1, 0.0008), (4, 0.0032))
+    assert per_request.begin(view).park == ["c"]
 
 
 def test_the_mode_calibrates_on_the_period_online_requests_wait_not_the_forward_alone() -> None:
@@ -187,14 +227,24 @@ def test_the_mode_calibrates_on_the_period_online_requests_wait_not_the_forward_
     at the next launch, and a launch after an idle spell measures none."""
     mode = ColocationMode(ColocationConfig(mode="hygen", latency_budget_s=0.01, calibration_alpha=1.0,
                                            latency_model=MODEL.to_dict()))
-    mode.forward_done({"model_s": 0.01, "forward_s": 0.001}, 0.001)  # the first batch: no period yet
+    batch = {"decode_reqs": 4, "prefill_reqs": 0, "forward_s": 0.001}
+    mode.forward_done({**batch, "model_s": 0.01}, 0.001)  # the first batch: no period yet
     assert mode.state is not None and mode.state.controller.calibration == 1.0
-    mode.forward_done({"model_s": 0.02, "forward_s": 0.001, "period_s": 0.03}, 0.001)
+    mode.forward_done({**batch, "model_s": 0.02, "period_s": 0.03}, 0.001)
     assert mode.state.controller.calibration == pytest.approx(3.0)  # the first batch: 30 ms over 10 ms
-    mode.forward_done({"model_s": 0.01, "forward_s": 0.001}, 0.001)  # after an idle spell
+    mode.forward_done({**batch, "model_s": 0.01}, 0.001)  # after an idle spell
     assert mode.state.controller.calibration == pytest.approx(3.0)
-    mode.forward_done({"model_s": 0.01, "forward_s": 0.001, "period_s": 0.005}, 0.001)
+    mode.forward_done({**batch, "model_s": 0.01, "period_s": 0.005}, 0.001)
     assert mode.state.controller.calibration == pytest.approx(0.5)
+    # The gaps (period less the forward before) teach the host's time, fitted once batches of two
+    # sizes have been seen; until then every period calibrates.
+    assert mode.state.controller.host.seconds(4) == 0.0
+    mode.forward_done({**batch, "decode_reqs": 8, "model_s": 0.001, "period_s": 0.03}, 0.001)
+    assert mode.state.controller.calibration == pytest.approx(3.0)
+    mode.forward_done({**batch, "model_s": 0.001, "period_s": 0.03}, 0.001)
+    assert mode.state.controller.host.seconds(8) > 0.02
+    # the 8-request batch's 30 ms were the host's: not a device 30 times slower than its 1 ms
+    assert mode.state.controller.calibration == pytest.approx(3.0)
 
 
 def test_hygen_budget_switches_with_the_online_state() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_blend.core.bros.cost import HostTime
+from sgl_blend.core.host_gap import HostTime
 from sgl_blend.core.colocation import ColocationConfig, ColocationController
 from sgl_blend.core.latency_model import BatchShape
 from sgl_blend.core.psm_policy import make_offline_policy

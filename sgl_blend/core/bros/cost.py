@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sgl_blend.core.host_gap import HostTime
 from sgl_blend.core.latency_model import BatchShape, LatencyModel
 
 
@@ -62,43 +63,6 @@ class SwapModel:
         if intercept < 0 or slope <= 0:
             slope, intercept = float(np.dot(sizes, times) / np.dot(sizes, sizes)), 0.0
         return cls(bytes_per_token, 1.0 / float(slope), float(intercept))
-
-
-# Iterations `HostTime` remembers: its sums forget at 1/HOST_WINDOW per observation. BROS's
-# records on the 2-core host (30% load, evaluation seed 1) ran about 17 iterations a second, so
-# the fit follows the host's load over the last twelve seconds or so.
-HOST_WINDOW = 200
-
-
-class HostTime:
-    """``seconds = intercept + per_request · requests``: the host's gap between a forward's end
-    and the next launch, fitted by exponentially forgetting least squares on measured gaps. It
-    predicts 0 until two batch sizes have been seen (a GPU server whose host keeps up measures
-    gaps near 0 and keeps predicting about that)."""
-
-    def __init__(self, window: int = HOST_WINDOW) -> None:
-        if window < 1:
-            raise ValueError(f"the host-time window must be at least one iteration, got {window}")
-        self.decay = 1.0 - 1.0 / window
-        # weighted sums of 1, n, n², gap and n·gap
-        self._sums = [0.0, 0.0, 0.0, 0.0, 0.0]
-        self.intercept_s = 0.0
-        self.per_request_s = 0.0
-
-    def observe(self, requests: int, gap_s: float) -> None:
-        sums, decay, n = self._sums, self.decay, float(requests)
-        for index, value in enumerate((1.0, n, n * n, gap_s, n * gap_s)):
-            sums[index] = sums[index] * decay + value
-        weight, total_n, total_nn, total_gap, total_ngap = sums
-        spread = weight * total_nn - total_n * total_n
-        if spread <= 1e-9 * max(weight * total_nn, 1.0):
-            return
-        slope = (weight * total_ngap - total_n * total_gap) / spread
-        self.per_request_s = max(slope, 0.0)
-        self.intercept_s = max((total_gap - self.per_request_s * total_n) / weight, 0.0)
-
-    def seconds(self, requests: int) -> float:
-        return self.intercept_s + self.per_request_s * requests
 
 
 # Periods `PeriodTail` remembers: at BROS's 17 iterations a second on the 2-core host about a

@@ -4,7 +4,7 @@ Online requests are real-time (RT), offline ones best-effort (BE). Each time SGL
 build a batch, the scheduler's requests -- running, held back and waiting, with their arrival,
 prompt, output so far, time of their last token and tokens checkpointed to host -- are described
 to `sgl_blend.core.bros`, and Alg. 1 plans the iteration with the fitted latency model plus the
-host's time per request (`cost.HostTime`, learnt from the iteration records' launch-to-launch
+host's time per request (`core.host_gap.HostTime`, learnt from the iteration records' launch-to-launch
 periods), the adaptive batch size and the KV pool (free slots, and the slots each BE request holds, which an
 RT request may take). With ``--bros-tail-quantile`` the plan also keeps free the margin by which
 that quantile of its periods ran past their plans (`cost.PeriodTail`, learnt from the same
@@ -44,13 +44,13 @@ from collections.abc import Callable
 from typing import Any
 
 from sgl_blend.core.bros.batch_size import AdaptiveBatchSize
-from sgl_blend.core.bros.cost import HostTime, IterationCost, PeriodTail
+from sgl_blend.core.bros.cost import IterationCost, PeriodTail
 from sgl_blend.core.bros.metrics import ServiceMetrics
 from sgl_blend.core.bros.packing import AVERAGE_WEIGHT, MIN_CHUNK, BrosPlan, BrosScheduler, MemoryState
 from sgl_blend.core.bros.requests import SLO, BrosRequest
 from sgl_blend.core.bros.takeover import plan_takeover
 from sgl_blend.core.colocation import ColocationConfig
-from sgl_blend.core.host_gap import batch_requests, gap_after
+from sgl_blend.core.host_gap import HostTime, batch_requests, gap_after
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.core.latency_model import model_from_dict
 from sgl_blend.offline import is_offline

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sgl_blend.core.colocation import ColocationConfig, IterationPlan
+from sgl_blend.core.host_gap import batch_requests, gap_after
 from sgl_blend.core.kv_priority import ReuserIndex
 from sgl_blend.offline import is_offline
 from sgl_blend.sglang_plugin.guard import guarded, live, switch_off
@@ -214,17 +215,21 @@ class ColocationMode(Mode):
 
     @guarded("state", FAILED)
     def forward_done(self, record: dict[str, Any] | None, forward_s: float) -> None:
-        """Teach the calibration what the batch before this one really cost: its launch-to-launch
-        period (this record's ``period_s``), not its forward alone. The budget bounds the time an
-        online request waits for its next token, and that is the period: on a device-bound GPU
-        server it is the forward, on a host-bound one (a slow host, or the emulator's priced
-        device outrunning this CPU) it is the host's scheduling, which a budget calibrated on the
-        forward would never see."""
+        """Teach the plan what the batch before this one really cost. Its launch-to-launch period
+        (this record's ``period_s``) is what an online request waited for its next token: on a
+        device-bound GPU server the forward, on a host-bound one (a slow host, or the emulator's
+        priced device outrunning this CPU) the host's scheduling. The host's gap after that batch
+        (`core.host_gap`) teaches the plan the host's time, and the period the device's
+        calibration, unless the host bounded it (`ColocationController.observe`)."""
         if record is None:
             return
         state = live(self.state)
-        state.controller.observe(state.last_model_s, record.get("period_s"))
-        state.last_model_s = record.get("model_s")
+        previous, state.previous_record = state.previous_record, record
+        if previous is None or (gap := gap_after(previous, record)) is None:
+            return
+        requests = batch_requests(previous)
+        state.controller.observe_host(requests, gap)
+        state.controller.observe(previous.get("model_s"), record["period_s"], requests)
 
     def snapshot(self) -> dict[str, Any]:
         return {"colocation": self.state.snapshot() if self.state is not None else None}

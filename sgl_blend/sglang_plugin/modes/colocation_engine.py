@@ -61,8 +61,8 @@ class ColocationState:
         # prefill under way (extend, prefix, max new tokens), and whether a new one may start.
         self.continuing: tuple[int, int, int] | None = None
         self.may_truncate = False
-        # The last batch's predicted time, until the next launch measures its period.
-        self.last_model_s: float | None = None
+        # The last batch's record, until the next launch measures its period and the host's gap.
+        self.previous_record: dict[str, Any] | None = None
 
     def snapshot(self) -> dict[str, Any]:
         config = self.controller.config
