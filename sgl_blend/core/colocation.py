@@ -325,11 +325,6 @@ class ColocationController:
         offline_memory, reserve, deficit = self.offline_memory(view)
         model = ScaledModel(self.model, self.calibration, self.host) if self.model is not None else None
         latency_s = self.latency_budget(view, model)
-        if latency_s is not None:
-            # The host's time for the online work is paid whatever offline work runs beside it;
-            # offline work the device finishes within it costs the online requests nothing.
-            online = sum(request.online for request in view.running) + len(view.waiting_online)
-            latency_s = max(latency_s, self.host.seconds(online))
         budget = IterationBudget(model, latency_s, view.chunk_tokens, offline_memory, self.config.min_offline_chunk)
         for request in view.running:
             if request.online:

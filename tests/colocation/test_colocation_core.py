@@ -201,15 +201,17 @@ def test_a_period_the_host_bounds_leaves_the_calibration_alone() -> None:
 
 
 def test_offline_decodes_the_device_finishes_within_the_hosts_time_are_kept() -> None:
-    """Budget 3 ms; one online decode (2 ms) and three offline ones (1 ms each). A host that keeps
-    up leaves room for one; a host that takes 6 ms whatever the batch makes the iteration last
-    6 ms anyway, and all three fit in it."""
+    """A budget by state (1 ms headroom, TBT target 3 ms); one online decode (2 ms) and three
+    offline ones (1 ms each). A host that keeps up leaves room for one. A host that takes 6 ms
+    whatever the batch makes the online part last 6 ms, the budget's floor, and all three fit in
+    it. A fixed budget stays the cap it was set to: nothing fits under 3 ms then."""
     view = IterationView(now=0.0, running=[RunningRequest("on", True, 1000), offline("a", 1000), offline("b", 1000),
                                            offline("c", 1000)], waiting_online=[], kv_capacity=100_000)
-    assert controller(latency_budget_s=0.003).begin(view).park == ["b", "c"]
-    slow_host = host_of(controller(latency_budget_s=0.003), (1, 0.006), (10, 0.006))
-    plan = slow_host.begin(view)
-    assert plan.park == [] and plan.budget.latency_s == pytest.approx(0.006)
+    by_state = {"headroom_s": 0.001, "tpot_slo_s": 0.003}
+    assert controller(**by_state).begin(view).park == ["b", "c"]
+    plan = host_of(controller(**by_state), (1, 0.006), (10, 0.006)).begin(view)
+    assert plan.park == [] and plan.budget.latency_s == pytest.approx(0.006 * (1 + NEAR_ZERO_FRACTION))
+    assert host_of(controller(latency_budget_s=0.003), (1, 0.006), (10, 0.006)).begin(view).park == ["a", "b", "c"]
 
 
 def test_the_hosts_time_per_request_counts_against_offline_decodes() -> None:
