@@ -262,6 +262,10 @@ class ColocationController:
         alpha = self.config.calibration_alpha
         self.calibration = (1 - alpha) * self.calibration + alpha * ratio
 
+    def scaled_model(self) -> ScaledModel | None:
+        """The fitted model as the engine runs now: its calibration and the host's time."""
+        return ScaledModel(self.model, self.calibration, self.host) if self.model is not None else None
+
     def reconfigure(self, changes: dict[str, Any]) -> None:
         """Apply runtime changes (the SLO profiler moves the budget on a live server)."""
         config = self.config.updated(changes)
@@ -323,7 +327,7 @@ class ColocationController:
 
     def begin(self, view: IterationView) -> IterationPlan:
         offline_memory, reserve, deficit = self.offline_memory(view)
-        model = ScaledModel(self.model, self.calibration, self.host) if self.model is not None else None
+        model = self.scaled_model()
         latency_s = self.latency_budget(view, model)
         budget = IterationBudget(model, latency_s, view.chunk_tokens, offline_memory, self.config.min_offline_chunk)
         for request in view.running:
@@ -388,9 +392,7 @@ class ColocationController:
             extend, prefix, max_new = continuing
             chunk = scratch.offline_chunk(extend, prefix, max_new, must_progress=True)
             scratch.commit_offline_prefill(chunk, prefix, chunk >= extend, max_new)
-        model = scratch.model or (
-            ScaledModel(self.model, self.calibration, self.host) if self.model is not None else None
-        )
+        model = scratch.model or self.scaled_model()
         added = echo_plan.add_prefills(scratch, model, candidates, truncate=truncate, window=window)
         choices.adjustments.extend(added)
         choices.candidates = min(len(candidates), window)
