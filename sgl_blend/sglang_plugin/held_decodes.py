@@ -90,7 +90,7 @@ class HeldDecodes:
         return sum(resident_tokens(req) for req in self._held.values())
 
     def snapshot(self) -> dict[str, Any]:
-        return {"held_now": len(self._held), "held_tokens": self.tokens(), **self.counts}
+        return {"held_now": len(self._held), "held_tokens": self.tokens(), "held_rids": list(self._held), **self.counts}
 
     def hold(self, scheduler: Any, batch: Any, reqs: Iterable[Any]) -> list[Any]:
         """Take ``reqs`` out of the running ``batch`` (in place) with their KV resident; returns
