@@ -177,6 +177,36 @@ def test_without_mixed_batches_a_prefill_iteration_stalls_every_decode(latency_m
     assert summarize(unmixed.online)["tbt_p99"] > summarize(mixed.online)["tbt_p99"]
 
 
+class RecordingClock(NoisyClock):
+    """The noiseless clock; keeps every batch shape it priced."""
+
+    def __init__(self) -> None:
+        super().__init__(STEP, jitter=0.0)
+        self.shapes: list = []
+
+    def measure(self, shape):
+        self.shapes.append(shape)
+        return super().measure(shape)
+
+
+def test_a_prompt_completing_its_chunk_leaves_room_for_a_new_prompt_cut(latency_model: dict) -> None:
+    """SGLang holds one chunked request at a time: once the one under way completes, the next
+    prompt may be cut into the room left, as the plugin's adder does. 800-token prompts on a
+    512-token chunk fill every iteration but the last; forbidding the cut left 288-token ones."""
+    offline = [SimRequest(f"off-{i}", "offline", (), 800, 1, 1, True) for i in range(20)]
+    clock = RecordingClock()
+    controller = ColocationController(ColocationConfig(mode="hygen", latency_model=latency_model))
+    engine = ColocatedEngine(clock, controller, make_offline_policy("fcfs", MODEL, HARDWARE),
+                             ColocatedConfig(COST.kv_capacity_tokens(), chunk_tokens=512))
+    result = engine.run([], offline, 1.0)
+    assert result.counts["offline_finished"] == 20
+    prefills = [shape.prefill_tokens for shape in clock.shapes]
+    assert sum(prefills) == 20 * 800
+    assert prefills[:-1] == [512] * (len(prefills) - 1)
+    # Beside a prompt that stays chunked nothing is admitted: never more than two prompts a batch.
+    assert max(shape.prefill_reqs for shape in clock.shapes) == 2
+
+
 def test_the_latency_fit_on_simulated_batches_is_tight_without_noise() -> None:
     # A GEMM costs max(FLOP time, weight-read time) (`IterationCost`): the kink where a batch
     # stops being weight-bound is the one thing HyGen's polynomial cannot fit, worth ~3.6% here.
