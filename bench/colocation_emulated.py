@@ -27,8 +27,10 @@ Every configuration gets the same emulated sizing (KV pool, chunked prefill, run
 
 Configurations: online-only; hygen (HyGen mode, PSM order, budget searched); hygen-star (the
 HyGen-mode engine with no budget, offline concurrency searched); echo; bros; and
-sglang-priority-searched (``--enable-priority-scheduling --schedule-policy fcfs``, online at
-priority 100, batch lines with none, which SGLang ranks lowest, offline concurrency searched).
+sglang-priority-searched (``--enable-priority-scheduling --schedule-policy fcfs`` with the mixed
+batches online-only and the modes run with, online at priority 100, batch lines with none, which
+SGLang ranks lowest, offline concurrency searched), and sglang-priority-floor (the same at the
+search's lowest concurrency, where the searched one missed the SLO on the evaluation seeds).
 BROS's goal is judged at the absolute SLO, on two more: bros-at-slo (BROS with its deadlines at k
 times that SLO, k searched up to 1) and sglang-priority-at-slo (the priority baseline with its
 concurrency searched against it, reusing the trials of the search above).
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import time
@@ -70,7 +73,7 @@ from sgl_blend.core.slo_search import SLO, search_budget, steps_for, violations
 from sgl_blend.emulation.clock_reader import ClockReading, read_clock
 from sgl_blend.emulation.devices import resolve_device
 from sgl_blend.emulation.launch import emulated_launch
-from sgl_blend.emulation.pricing import ForwardPricer
+from sgl_blend.emulation.pricing import ForwardPricer, batch_shape
 from sgl_blend.forward_time.step_time import NoisyClock, fit_latency
 from sgl_blend.launch.colocation import colocation_launch, with_free_port
 from sgl_blend.launch.supervisor import start_server
@@ -112,6 +115,10 @@ AT_SLO = (BROS_AT_SLO, BASELINE_AT_SLO)
 # infeasible, and BROS's guard then lifts the budget.
 AT_SLO_LOW_SCALE = 0.25
 ALL_MODES, BASELINES = (*MODES, BROS_AT_SLO), (BASELINE, "hygen-star", BASELINE_AT_SLO)
+# The priority baseline at its search's floor (``--low-concurrency``), run on the evaluation seeds
+# where the searched one missed the SLO: what priority scheduling reaches at the SLO when the
+# concurrency its tuning seed chose does not hold on the others (`seed_judge.baseline_score`).
+BASELINE_FLOOR = "sglang-priority-floor"
 # A configuration whose tuning trials are another's: the same server and trace at each value.
 SAME_TRIALS = {BASELINE_AT_SLO: BASELINE}
 # The mode a configuration named otherwise runs.
@@ -137,6 +144,11 @@ DECODED = "offline_decoded_tokens_per_s"
 # What reports from before `DECODED` were judged on.
 COMMITTED = "offline_tokens_per_s"
 BATCH_POLL_S = 0.5
+# Every knob search stops once its bracket is within this ratio. On 12-05, at 30% load and one
+# seed, HyGen's P99 TBT was 14.0 ms at a 6 ms budget and 16.4 ms at 8 ms, against online-only's
+# 11.1-11.5 ms: the budget that keeps online-only's P99 lies within a factor 1.3 of the smallest
+# iteration (4.8 ms), where a search that stops at a factor of 2 never looks.
+KNOB_RESOLUTION = 1.25
 # Every server: with SGLang's overlap scheduler on, a batch's tokens reach the client only after
 # the next forward's sleep (`emulation.realtime`); the pacer still overlaps the host's work with
 # the device's, as a GPU server's overlap scheduler would.
@@ -474,6 +486,24 @@ def at_slo_scale(text: str) -> float:
     return value
 
 
+# A knob's lowest value, or how it follows from the load's targets.
+Lowest = float | Callable[[dict[str, float]], float]
+
+
+def echo_scale_floor(targets: dict[str, float]) -> float:
+    """Echo's lowest SLO scale at a load: the k at which its TPOT deadline, k times the load's P99
+    TBT target, is the device's smallest iteration; no iteration meets a shorter one. At k = 1 Echo
+    fills every iteration up to the P99 target itself, so its online tokens wait, most of them, as
+    long as online-only's slowest 1% did: on 12-05 Echo at k = 1 ran P99 TBT 28-32 ms at 30% load
+    against online-only's 11.4-12.2 ms."""
+    return smallest_iteration_s() / targets["tbt_p99"]
+
+
+def echo_scale_range(args: argparse.Namespace) -> tuple[Lowest, float]:
+    """Echo's search range: from ``--low-echo-scale`` if given, else from `echo_scale_floor`."""
+    return (echo_scale_floor if args.low_echo_scale is None else args.low_echo_scale), args.high_scale
+
+
 def slo_scaled(k: float, targets: dict[str, float]) -> dict[str, float]:
     """Echo's and BROS's SLO settings: ``k`` times the load's targets; an iteration no online
     deadline bounds is capped at the TPOT deadline."""
@@ -536,7 +566,7 @@ def search_and_evaluate(
     cells: list[dict[str, Any]],
     tune: Callable[[float, Load], dict[str, Any]],
     evaluate: Callable[[float, Load], list[dict[str, Any]]],
-    low: float,
+    lowest: Lowest,
     high: float,
 ) -> None:
     """Each load not already measured: the knob searched on the tuning seed, then every evaluation
@@ -545,6 +575,7 @@ def search_and_evaluate(
         if name in cell["runs"]:  # a resumed report has it
             continue
         targets, tolerance = slo_for(name, setup.header["capacity_slo_s"], load.targets, load.tolerance)
+        low = lowest(targets) if callable(lowest) else lowest
         label = f"{name} {load.share:g} tuning"
         simulated = None
         if setup.simulator is not None and name in MODES and low != high:
@@ -593,7 +624,7 @@ def live_knob(
     loads: list[Load],
     cells: list[dict[str, Any]],
     apply: Callable[[str, float, Load], None],
-    low: float,
+    low: Lowest,
     high: float,
 ) -> None:
     """A mode whose knob moves on its live server."""
@@ -686,8 +717,7 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
                 loads,
                 cells,
                 lambda url, k, load: set_colocation(url, slo_scaled(k, load.targets or {})),
-                args.low_echo_scale,
-                args.high_scale,
+                *echo_scale_range(args),
             )
     if "bros" in args.modes:
         fresh_server_knob(
@@ -713,18 +743,30 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
             args.low_concurrency,
             args.high_concurrency,
         )
-    priority_args = ["--enable-priority-scheduling", "--schedule-policy", "fcfs"]
+    # The engine flags online-only and the modes run with (mixed prefill/decode batches) plus SGLang's
+    # priority scheduling: the baseline differs from them only in how it schedules.
+    priority_args = ["--enable-priority-scheduling", "--schedule-policy", "fcfs", "--enable-mixed-chunk"]
+
+    def priority_launch(value: float, _load: Load) -> tuple[PluginSettings, list[str], int]:
+        return PluginSettings(offline_policy=OFF), priority_args, concurrency(value)
+
     for name in (name for name in (BASELINE, BASELINE_AT_SLO) if name in args.baselines):
         fresh_server_knob(
-            setup,
-            name,
-            loads,
-            cells,
-            lambda v, _load: (PluginSettings(offline_policy=OFF), priority_args, concurrency(v)),
-            args.low_concurrency,
-            args.high_concurrency,
-            priority=True,
+            setup, name, loads, cells, priority_launch, args.low_concurrency, args.high_concurrency, priority=True
         )
+    if BASELINE in args.baselines:
+        floor = [(load, cell) for load, cell in zip(loads, cells) if needs_floor(cell, args.low_concurrency)]
+        if floor:
+            fresh_server_knob(
+                setup,
+                BASELINE_FLOOR,
+                [load for load, _ in floor],
+                [cell for _, cell in floor],
+                priority_launch,
+                args.low_concurrency,
+                args.low_concurrency,
+                priority=True,
+            )
     if BROS_AT_SLO in args.modes:
         absolute = setup.header["capacity_slo_s"]
         fresh_server_knob(
@@ -742,27 +784,58 @@ def run_configs(setup: Setup, loads: list[Load], cells: list[dict[str, Any]]) ->
         )
 
 
+def needs_floor(cell: dict[str, Any], floor: float) -> bool:
+    """The searched baseline missed the SLO on its evaluation seeds above the search's floor, and the
+    floor has not run there yet."""
+    if BASELINE_FLOOR in cell["runs"] or cell["search"][BASELINE]["value"] <= floor:
+        return False
+    return not seed_judge.verdict(BASELINE, cell["runs"][BASELINE], cell["targets_s"], cell["tolerance"]).met
+
+
 # Judging and reporting
 
 
-def judged(cell: dict[str, Any], absolute: dict[str, float], throughput: str) -> dict[str, Any]:
-    """Each configuration's verdict at the load (those BROS's goal is judged on against the
-    ``absolute`` SLO, the rest against the load's targets) on its ``throughput`` figure, and each
-    mode's ratio over the baseline."""
-    verdicts = {
+def verdicts_of(cell: dict[str, Any], absolute: dict[str, float], throughput: str) -> dict[str, seed_judge.Verdict]:
+    """Each configuration's verdict at the load: those BROS's goal is judged on against the
+    ``absolute`` SLO, the rest against the load's targets, on its ``throughput`` figure."""
+    return {
         config: seed_judge.verdict(
             config, runs, *slo_for(config, absolute, cell["targets_s"], cell["tolerance"]), throughput=throughput
         )
         for config, runs in cell["runs"].items()
     }
+
+
+def judged(
+    cell: dict[str, Any], absolute: dict[str, float], throughput: str, floor: float | None = None
+) -> dict[str, Any]:
+    """Each configuration's verdict at the load, the baseline's score (`seed_judge.baseline_score`:
+    the searched value is the floor's run where it was ``floor``) and each mode's ratio over it."""
+    verdicts = verdicts_of(cell, absolute, throughput)
     out: dict[str, Any] = {"verdicts": {config: v.to_dict() for config, v in verdicts.items()}}
     if BASELINE in verdicts:
+        at_floor = verdicts.get(BASELINE_FLOOR)
+        if at_floor is None and floor is not None and cell["search"][BASELINE]["value"] <= floor:
+            at_floor = verdicts[BASELINE]
+        score = seed_judge.baseline_score(verdicts[BASELINE], at_floor)
+        out["baseline_score"] = {"tokens_per_s": score.tokens_per_s, "why": score.why}
         out["over_baseline"] = {
-            config: seed_judge.over_baseline(v, verdicts[BASELINE])
+            config: seed_judge.over_baseline(v, score)
             for config, v in verdicts.items()
             if config in (*MODES, "hygen-star")
         }
     return out
+
+
+def beats(over: dict[str, Any], goal: float) -> bool:
+    """A mode's entry of ``over_baseline`` reaches ``goal``: its ratio, or unbounded over a 0."""
+    return bool(over.get("unbounded")) or (over["ratio"] is not None and over["ratio"] >= goal)
+
+
+def ratio_text(over: dict[str, Any]) -> str:
+    if over.get("unbounded"):
+        return "unbounded"
+    return "n/a" if over["ratio"] is None else f"{over['ratio']}x"
 
 
 def goals(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -776,9 +849,9 @@ def goals(cells: list[dict[str, Any]]) -> dict[str, Any]:
         ratios = [over.get(mode, {"ratio": None, "why": f"{mode} not run"}) for over in judged_cells]
         out[mode] = {
             "goal": f">= {goal}x {BASELINE} at every load, SLO met",
-            "ratios": [r["ratio"] for r in ratios],
+            "ratios": [ratio_text(r) for r in ratios],
             "why": [r["why"] for r in ratios if r["why"]],
-            "met": all(r["ratio"] is not None and r["ratio"] >= goal for r in ratios),
+            "met": all(beats(r, goal) for r in ratios),
         }
     return out
 
@@ -797,7 +870,7 @@ def bros_goal(cells: list[dict[str, Any]], slo: dict[str, float], throughput: st
         if BROS_AT_SLO not in runs or BASELINE_AT_SLO not in runs:
             continue
         bros = seed_judge.verdict(BROS_AT_SLO, runs[BROS_AT_SLO], slo, 0.0, throughput=throughput)
-        priority = [config for config in (BASELINE, BASELINE_AT_SLO) if config in runs]
+        priority = [config for config in (BASELINE, BASELINE_AT_SLO, BASELINE_FLOOR) if config in runs]
         tries = [
             trial[throughput]
             for config in priority
@@ -845,18 +918,13 @@ def markdown(report: dict[str, Any]) -> str:
         for config, runs in cell["runs"].items():
             v = verdicts[config]
             ratio = over.get(config)
-            ratio_text = (
-                ""
-                if ratio is None
-                else (f"{ratio['ratio']}x" if ratio["ratio"] is not None else "n/a")
-                + (f" ({ratio['why']})" if ratio["why"] else "")
-            )
+            shown = "" if ratio is None else ratio_text(ratio) + (f" ({ratio['why']})" if ratio["why"] else "")
             ttft = ", ".join(f"{run['ttft_p99'] * 1000:.0f}" for run in runs)
             tbt = ", ".join(f"{run['tbt_p99'] * 1000:.1f}" for run in runs)
             committed = sum(run.get(COMMITTED, 0.0) for run in runs) / len(runs)
             lines.append(
                 f"| {cell['share']:.0%} | {cell['rate_per_s']:.3g} | {config} | {v['seeds_met']}/{v['seeds']} "
-                f"| {ttft} | {tbt} | {v['offline_tokens_per_s']:g} | {committed:.1f} | {ratio_text} |"
+                f"| {ttft} | {tbt} | {v['offline_tokens_per_s']:g} | {committed:.1f} | {shown} |"
             )
     lines.append("")
     slo = report["capacity_slo_s"]
@@ -913,7 +981,7 @@ def markdown(report: dict[str, Any]) -> str:
             continue
         why = f" ({'; '.join(goal['why'])})" if goal["why"] else ""
         lines.append(
-            f"- {mode}: {goal['goal']}: {', '.join('n/a' if r is None else f'{r}x' for r in goal['ratios'])} -> "
+            f"- {mode}: {goal['goal']}: {', '.join(str(r) for r in goal['ratios'])} -> "
             f"{'met' if goal['met'] else 'not met'}{why}."
         )
     return "\n".join(lines)
@@ -929,7 +997,7 @@ def write_report(report: dict[str, Any], out: Path) -> dict[str, Any]:
     cells, throughput = report["cells"], judged_throughput(report)
     for cell in cells:
         if "targets_s" in cell:
-            cell["judged"] = judged(cell, report["capacity_slo_s"], throughput)
+            cell["judged"] = judged(cell, report["capacity_slo_s"], throughput, report.get("baseline_floor"))
     report["goals"] = goals(cells)
     bros = bros_goal(cells, report["capacity_slo_s"], throughput)
     if bros is not None:
@@ -1075,6 +1143,8 @@ def build_setup(args: argparse.Namespace) -> Setup:
         "bros_radix_cache": args.bros_radix_cache,
         "bros_at_slo_low_scale": args.low_bros_at_slo_scale,
         "judged_throughput": DECODED,
+        "baseline_floor": args.low_concurrency,
+        "hygen_budget_s": [args.low_budget_ms / 1000, args.high_budget_ms / 1000],
         "latency_fit": {form: f["holdout_mape"] for form, f in fit.to_dict()["forms"].items()},
         "capacity_slo_s": {"ttft_p99": args.capacity_ttft, "tbt_p99": args.capacity_tbt},
     }
@@ -1127,16 +1197,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--load-resolution", type=float, default=1.2, help="the capacity bisection stops at this high/low ratio"
     )
-    parser.add_argument("--resolution", type=float, default=2.0, help="every knob search stops at this high/low ratio")
+    parser.add_argument(
+        "--resolution", type=float, default=KNOB_RESOLUTION, help="every knob search stops at this high/low ratio"
+    )
     parser.add_argument(
         "--sim-first",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="search each mode's knob in the simulator first; the engine checks its choice, then searches on",
     )
-    parser.add_argument("--low-budget-ms", type=float, default=8.0)
+    parser.add_argument(
+        "--low-budget-ms",
+        type=float,
+        default=None,
+        help="HyGen's budget, lowest (default: the device's price of its smallest iteration)",
+    )
     parser.add_argument("--high-budget-ms", type=float, default=64.0)
     add_deadline_scale_arguments(parser, high=4.0)
+    # Echo's lowest k follows from each load's targets (`echo_scale_floor`) unless given.
+    parser.set_defaults(low_echo_scale=None)
     parser.add_argument(
         "--low-bros-at-slo-scale",
         type=at_slo_scale,
@@ -1205,7 +1284,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown configuration(s): {', '.join(sorted(unknown))}")
     args.loads = [float(share) for share in args.loads.split(",")]
+    if args.low_budget_ms is None:
+        args.low_budget_ms = smallest_iteration_s() * 1000
     return args
+
+
+@functools.cache
+def smallest_iteration_s() -> float:
+    """The emulated device's price of its smallest iteration, one decode on a one-token context
+    (4.79 ms for Llama-3.1-8B on the H100): no batch runs faster, so a HyGen budget under it holds
+    every offline request, and the budget search starts there."""
+    return ForwardPricer.of(resolve_device(DEVICE), MODEL, 1).seconds(batch_shape((), [1]))
 
 
 def loads_of(setup: Setup, capacity_rate: float) -> list[Load]:

@@ -79,6 +79,7 @@ from bench.colocation import online_trace, sharegpt_prompts
 from bench.colocation_emulated import (
     BASELINE,
     BASELINE_AT_SLO,
+    BASELINE_FLOOR,
     BROS_AT_SLO,
     DEVICE,
     IDLE_QUIET_S,
@@ -86,6 +87,7 @@ from bench.colocation_emulated import (
     RUNS_AS,
     TUNE_SEED,
     decoded_tokens_per_s,
+    echo_scale_range,
     evaluation_seeds,
     in_replay,
     latency_fit,
@@ -134,7 +136,7 @@ FLAG = 0.10
 # The front end's draws: one stream, so every simulated run of a row draws the same delays.
 FRONT_END_SEED = 0
 # Configurations whose knob is the Batch API's offline concurrency: no counterpart in the simulator.
-BY_CONCURRENCY = (BASELINE, "hygen-star", BASELINE_AT_SLO)
+BY_CONCURRENCY = (BASELINE, BASELINE_FLOOR, "hygen-star", BASELINE_AT_SLO)
 
 
 def as_arrivals(trace: Sequence[OnlineRequest], tokenizer: Any) -> list[OnlineArrival]:
@@ -393,7 +395,7 @@ class Simulator:
     ) -> dict[str, Any]:
         """The judge's knob search for ``config`` (its range and resolution) run in the simulator on
         ``arrivals``, against ``targets`` within ``tolerance``: the knob the simulator chooses."""
-        low, high = knob_range(self.args, config)
+        low, high = knob_range(self.args, config, targets)
         mode = RUNS_AS.get(config, config)
         found = search(
             f"sim {label}",
@@ -449,13 +451,16 @@ def iteration_log(path: Path) -> list[dict[str, Any]]:
     return list(read_records(path))
 
 
-def knob_range(args: argparse.Namespace, config: str) -> tuple[float, float]:
-    """The judge's search range for ``config``'s knob."""
+def knob_range(args: argparse.Namespace, config: str, targets: dict[str, float]) -> tuple[float, float]:
+    """The judge's search range for ``config``'s knob at a load with these ``targets``."""
     if config == "hygen":
         return args.low_budget_ms / 1000, args.high_budget_ms / 1000
     if config == BROS_AT_SLO:
         return args.low_bros_at_slo_scale, 1.0
-    return (args.low_echo_scale if config == "echo" else args.low_bros_scale), args.high_scale
+    if config == "echo":
+        lowest, high = echo_scale_range(args)
+        return (lowest(targets) if callable(lowest) else lowest), high
+    return args.low_bros_scale, args.high_scale
 
 
 def compare(

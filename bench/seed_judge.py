@@ -6,8 +6,14 @@ Why these rules. One online-only replay is a sample: another seed of the same ar
 moves its P99 TTFT and TBT by a measurable amount. A tolerance smaller than that spread would fail
 online-only itself on some seeds, and one typed in by hand could hide a real violation; so it is
 the spread, computed. A baseline that missed the SLO bought its throughput with latency: comparing
-a mode that met the SLO with it would flatter the baseline, so the judge refuses it (no ratio) and
-says why.
+a mode that met the SLO with it would flatter the baseline, so the judge refuses its throughput.
+What the baseline reaches at the SLO is then what it reached at the floor of its search (one line
+in flight) where that met the SLO, and 0 where even the floor missed it: priority scheduling
+cannot run any offline work beside that load within the SLO. A mode that met the SLO beats that
+0 by an unbounded ratio only with at least the offline throughput the floor bought by missing
+it: a mode keeping the SLO by running next to nothing (a HyGen budget at the smallest iteration
+decodes a few tokens a second) beats nothing. A baseline whose floor was not run is refused with
+no ratio.
 """
 
 from __future__ import annotations
@@ -91,16 +97,45 @@ def verdict(
     return Verdict(config, met, len(runs), mean)
 
 
-def over_baseline(mode: Verdict, baseline: Verdict) -> dict[str, Any]:
-    """The mode's offline throughput over the baseline's, or why there is no ratio: the baseline
-    missed the SLO (refused), or ran no offline work, or the mode missed the SLO (scored 0)."""
-    if not baseline.met:
-        return {
-            "ratio": None,
-            "why": f"baseline refused: it met the SLO on {baseline.seeds_met} of {baseline.seeds} seeds",
-        }
+@dataclass(frozen=True)
+class BaselineScore:
+    """The baseline's offline tokens/s a mode is measured against at one load (None: refused with no
+    score), why it is that, and, scored 0, the offline tokens/s its floor moved missing the SLO."""
+
+    tokens_per_s: float | None
+    why: str = ""
+    missed_at_floor_tokens_per_s: float = 0.0
+
+
+def baseline_score(searched: Verdict, floor: Verdict | None) -> BaselineScore:
+    """The searched baseline where it met the SLO; else its run at the search's floor (``floor``:
+    None where it did not run) where that met it; else 0 when the floor missed too, or no score."""
+    if searched.met:
+        return BaselineScore(searched.offline_tokens_per_s)
+    missed = f"searched {searched.config} met the SLO on {searched.seeds_met} of {searched.seeds} seeds"
+    if floor is None:
+        return BaselineScore(None, f"baseline refused: {missed}; its floor did not run")
+    if floor.met:
+        return BaselineScore(floor.offline_tokens_per_s, f"{missed}; scored at its floor")
+    return BaselineScore(
+        0.0,
+        f"baseline scored 0: {missed}, at its floor on {floor.seeds_met} of {floor.seeds} "
+        f"(moving {floor.offline_tokens_per_s:.0f} offline tok/s)",
+        floor.offline_tokens_per_s,
+    )
+
+
+def over_baseline(mode: Verdict, baseline: BaselineScore) -> dict[str, Any]:
+    """The mode's offline throughput over the baseline's score, or why there is no ratio: the
+    baseline was refused, the mode missed the SLO (scored 0), or the baseline's score is 0, which a
+    mode that met the SLO beats by an unbounded ratio (``unbounded``) with at least the offline
+    throughput the baseline's floor moved missing it."""
+    if baseline.tokens_per_s is None:
+        return {"ratio": None, "why": baseline.why}
     if not mode.met:
         return {"ratio": 0.0, "why": f"{mode.config} met the SLO on {mode.seeds_met} of {mode.seeds} seeds"}
-    if baseline.offline_tokens_per_s <= 0:
-        return {"ratio": None, "why": "the baseline ran no offline work at the SLO"}
-    return {"ratio": round(mode.offline_tokens_per_s / baseline.offline_tokens_per_s, 2), "why": ""}
+    if baseline.tokens_per_s <= 0:
+        enough = max(baseline.missed_at_floor_tokens_per_s, 0.0)
+        unbounded = mode.offline_tokens_per_s > 0 and mode.offline_tokens_per_s >= enough
+        return {"ratio": None, "unbounded": unbounded, "why": baseline.why}
+    return {"ratio": round(mode.offline_tokens_per_s / baseline.tokens_per_s, 2), "why": baseline.why}

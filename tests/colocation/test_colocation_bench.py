@@ -153,16 +153,28 @@ def test_the_judge_refuses_a_baseline_that_misses_the_slo() -> None:
 
 
 def test_both_benches_refuse_deadlines_below_what_online_only_achieves() -> None:
-    """Echo's and BROS's deadlines are k times online-only's P99s: k below 1 is refused, and the
-    searches start at 1."""
-    from bench import colocation_emulated
+    """Echo's and BROS's deadlines are k times online-only's P99s: a k below 1 is refused when typed,
+    and the searches start at 1, but for Echo's on the emulated engine, which starts where its TPOT
+    deadline is the device's smallest iteration: no iteration is shorter, and at k = 1 Echo fills
+    every iteration up to online-only's P99."""
+    from bench import colocation_emulated, colocation_sim_check
 
     for parse in (bench.parse_args, colocation_emulated.parse_args):
         args = parse([])
-        assert (args.low_echo_scale, args.low_bros_scale) == (1.0, 1.0)
+        assert args.low_bros_scale == 1.0
         for flag in ("--low-echo-scale", "--low-bros-scale", "--high-scale"):
             with pytest.raises(SystemExit):
                 parse([flag, "0.5"])
+    assert bench.parse_args([]).low_echo_scale == 1.0
+
+    targets = {"ttft_p99": 0.045, "tbt_p99": 0.012}
+    low, high = colocation_sim_check.knob_range(colocation_emulated.parse_args([]), "echo", targets)
+    assert low == pytest.approx(colocation_emulated.smallest_iteration_s() / 0.012) and 0.3 < low < 1
+    assert colocation_emulated.slo_scaled(low, targets)["tpot_slo_s"] == pytest.approx(
+        colocation_emulated.smallest_iteration_s()
+    )
+    given = colocation_emulated.parse_args(["--low-echo-scale", "1.5"])
+    assert colocation_sim_check.knob_range(given, "echo", targets) == (1.5, high)
 
 
 def test_bros_at_the_slo_searches_its_deadlines_only_below_the_slo_it_is_judged_at() -> None:
@@ -413,8 +425,9 @@ def test_the_judges_simulator_tunes_a_mode_against_the_loads_targets() -> None:
     unreachable = simulator.tune("hygen", "unreachable", {"ttft_p99": 1e-6, "tbt_p99": 1e-6}, 0.0, arrivals)
 
     assert (generous["value"], generous["met"]) == (0.064, True)
-    assert (unreachable["value"], unreachable["met"]) == (0.008, False)
-    assert unreachable["tried"] == [0.064, 0.008]
+    floor = colocation_emulated.smallest_iteration_s()
+    assert (unreachable["value"], unreachable["met"]) == (pytest.approx(floor), False)
+    assert unreachable["tried"] == [0.064, pytest.approx(floor)]
     # BROS at the absolute SLO searches BROS's deadlines in its own range, k up to 1.
     at_slo = simulator.tune(colocation_emulated.BROS_AT_SLO, "at-slo", {"ttft_p99": 1e-6, "tbt_p99": 1e-6}, 0.0,
                             arrivals)

@@ -1,7 +1,7 @@
 """The emulated co-location bench's judge: the SLO tolerance is online-only's measured seed-to-seed
 spread (so online-only meets its own SLO on every seed, and would not at less), a configuration
-counts where it met the SLO on 2 of 3 seeds, and a baseline that missed the SLO is refused rather
-than compared with.
+counts where it met the SLO on 2 of 3 seeds, and a baseline that missed the SLO is refused: its
+throughput does not count, and it is scored at the floor of its search, or 0 where that missed too.
 
 The runs are written out by hand: what is judged is the arithmetic on them, which is all the judge
 does with a run the emulated engine measured.
@@ -55,27 +55,77 @@ def test_a_configuration_meets_the_slo_on_two_of_three_seeds_and_a_failed_run_mi
     assert not seed_judge.verdict("echo", [two_of_three[0], two_of_three[1], failed], targets, tolerance).met
 
 
-def cell(baseline: list[dict[str, float]]) -> dict:
+def cell(baseline: list[dict[str, float]], floor: list[dict[str, float]] | None = None, searched: float = 4) -> dict:
+    runs = {
+        "online-only": ONLINE_ONLY,
+        "hygen": [run(104, 20, 3000), run(110, 21, 3300), run(108, 20, 3000)],
+        bench.BASELINE: baseline,
+    }
+    if floor is not None:
+        runs[bench.BASELINE_FLOOR] = floor
     return {
         "targets_s": seed_judge.slo_targets(ONLINE_ONLY),
         "tolerance": seed_judge.tolerance(ONLINE_ONLY),
-        "runs": {
-            "online-only": ONLINE_ONLY,
-            "hygen": [run(104, 20, 3000), run(110, 21, 3300), run(108, 20, 3000)],
-            bench.BASELINE: baseline,
-        },
+        "runs": runs,
+        "search": {bench.BASELINE: {"value": searched}},
     }
 
 
-def test_the_judge_refuses_a_baseline_that_misses_the_slo() -> None:
-    missed = cell([run(400, 20, 9000), run(105, 20, 9000), run(380, 30, 9000)])
-    met = cell([run(105, 20, 1000), run(108, 21, 1100), run(109, 20, 1200)])
+MISSED = [run(400, 20, 9000), run(105, 20, 9000), run(380, 30, 9000)]
+MET = [run(105, 20, 1000), run(108, 21, 1100), run(109, 20, 1200)]
+# One line in flight: a trickle of offline work, and still over the SLO.
+FLOOR_MISSED = [run(400, 20, 200), run(105, 20, 200), run(380, 30, 200)]
 
-    refused = bench.judged(missed, ABSOLUTE, bench.COMMITTED)["over_baseline"]["hygen"]
-    assert refused["ratio"] is None and refused["why"].startswith("baseline refused: it met the SLO on 1 of 3")
-    assert bench.judged(met, ABSOLUTE, bench.COMMITTED)["over_baseline"]["hygen"] == {"ratio": 2.82, "why": ""}
-    assert bench.goals([{**met, "judged": bench.judged(met, ABSOLUTE, bench.COMMITTED)}])["hygen"]["met"]
-    assert not bench.goals([{**missed, "judged": bench.judged(missed, ABSOLUTE, bench.COMMITTED)}])["hygen"]["met"]
+
+def over(judged_cell: dict) -> dict:
+    return bench.judged(judged_cell, ABSOLUTE, bench.COMMITTED, floor=1)["over_baseline"]["hygen"]
+
+
+def goal_met(judged_cell: dict) -> bool:
+    return bench.goals([{**judged_cell, "judged": bench.judged(judged_cell, ABSOLUTE, bench.COMMITTED, floor=1)}])[
+        "hygen"
+    ]["met"]
+
+
+def test_the_judge_refuses_a_baseline_that_misses_the_slo() -> None:
+    """The searched baseline moved 9,000 tok/s but broke the SLO: its throughput never counts. It is
+    scored at its floor's run where that met the SLO, 0 where the floor missed too (HyGen, SLO
+    met with offline work, then beats it unboundedly), and refused with no ratio where the floor
+    did not run. Met, the searched baseline is the yardstick."""
+    assert over(cell(MET)) == {"ratio": 2.82, "why": ""} and goal_met(cell(MET))
+
+    at_floor = over(cell(MISSED, floor=MET))
+    assert at_floor["ratio"] == 2.82 and at_floor["why"].endswith("scored at its floor")
+
+    zero = over(cell(MISSED, floor=FLOOR_MISSED))
+    assert zero["ratio"] is None and zero["unbounded"] and zero["why"].startswith("baseline scored 0")
+    assert goal_met(cell(MISSED, floor=FLOOR_MISSED))
+
+    refused = over(cell(MISSED))
+    assert refused["ratio"] is None and not refused.get("unbounded")
+    assert refused["why"].startswith("baseline refused: searched sglang-priority-searched met the SLO on 1 of 3")
+    assert not goal_met(cell(MISSED))
+
+
+def test_a_baseline_searched_down_to_its_floor_is_scored_by_its_own_runs() -> None:
+    """A searched value at the floor is the floor's run: missed there, the baseline scores 0; a mode
+    that missed the SLO scores 0 and does not beat it; one that met it with less offline work than
+    the floor moved missing it does not either."""
+    at_floor = cell(FLOOR_MISSED, searched=1)
+    assert over(at_floor)["unbounded"] and goal_met(at_floor)
+    mode_missed = {**at_floor, "runs": {**at_floor["runs"], "hygen": [run(900, 90, 5000)] * 3}}
+    assert over(mode_missed) == {"ratio": 0.0, "why": "hygen met the SLO on 0 of 3 seeds"}
+    assert not goal_met(mode_missed)
+    trickle = {**at_floor, "runs": {**at_floor["runs"], "hygen": [run(104, 20, 5.0)] * 3}}
+    assert not over(trickle)["unbounded"] and not goal_met(trickle)
+    assert "moving 200 offline tok/s" in over(trickle)["why"]
+
+
+def test_the_floor_runs_only_where_the_searched_baseline_missed_above_it() -> None:
+    assert bench.needs_floor(cell(MISSED), 1)
+    assert not bench.needs_floor(cell(MET), 1)
+    assert not bench.needs_floor(cell(MISSED, searched=1), 1)
+    assert not bench.needs_floor(cell(MISSED, floor=MISSED), 1)
 
 
 def test_bros_is_held_to_the_best_priority_run_that_attains_the_absolute_slo() -> None:
