@@ -51,6 +51,7 @@ import asyncio
 import functools
 import json
 import math
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -110,9 +111,9 @@ AT_SLO = (BROS_AT_SLO, BASELINE_AT_SLO)
 # bros-at-slo's deadlines are k times the absolute SLO, k searched in [this, 1], as the priority
 # baseline's concurrency is searched against it. BROS fills each period up to its TPOT deadline,
 # and at k = 1 5-10% of its periods with RT requests ran past 100 ms on the emulated H100 over a
-# 2-core host (results.md, "BROS planning to the tail of its periods"). Online-only's own P99 TBT
-# there was 12-39 ms in the judged runs: a TPOT deadline much below 25 ms leaves every RT request
-# infeasible, and BROS's guard then lifts the budget.
+# 2-core host (colocation-history.md, "BROS planning to the tail of its periods"). Online-only's
+# own P99 TBT there was 12-39 ms in the judged runs: a TPOT deadline much below 25 ms leaves every
+# RT request infeasible, and BROS's guard then lifts the budget.
 AT_SLO_LOW_SCALE = 0.25
 ALL_MODES, BASELINES = (*MODES, BROS_AT_SLO), (BASELINE, "hygen-star", BASELINE_AT_SLO)
 # The priority baseline at its search's floor (``--low-concurrency``), run on the evaluation seeds
@@ -138,8 +139,8 @@ VALIDATION_TIMEOUT_S = 600.0
 # only the lines that ended in the window, and trace1's longest 1.6% of lines (over 1,000 tokens)
 # hold 68% of its output: a policy decoding many lines at once finishes few of those within 80 s
 # and is scored far below what it made. On the BROS judge's 30% cell the same replays committed
-# 0.55 (BROS) and 0.78 (priority) of what they decoded (results.md). A line's first token comes
-# from its prefill and is not counted here, the same for every configuration.
+# 0.55 (BROS) and 0.78 (priority) of what they decoded (colocation-history.md). A line's first
+# token comes from its prefill and is not counted here, the same for every configuration.
 DECODED = "offline_decoded_tokens_per_s"
 # What reports from before `DECODED` were judged on.
 COMMITTED = "offline_tokens_per_s"
@@ -236,13 +237,16 @@ def serving(
     """An emulated server with the Batch API, its iteration records, and its offline batch. The
     records are appended: a fresh-knob configuration's tuning trial and its evaluation at the same
     value run on two servers of one name, and the tuning trial's records are read back too
-    (`decoded_from_records`). A run picks its own by their wall times (`in_replay`)."""
+    (`decoded_from_records`). A run picks its own by their wall times (`in_replay`). The Batch
+    API's data starts empty: the API is durable, and a batch an interrupted run left unfinished
+    (before ``--resume``) ran again on the next server of its name and loaded its replay."""
     records = setup.work / f"{name}.records.jsonl"
     launch = emulated_launch(
         DEVICE, MODEL, with_free_port([*sglang_args, *LATENCY_FLAGS]), realtime_factor=REALTIME_FACTOR
     )
     settings = launch.settings_for(settings.updated(iteration_log=str(records)))
     data_dir = setup.work / f"{name}.data"
+    shutil.rmtree(data_dir, ignore_errors=True)
     config = BatchApiConfig(
         data_dir=data_dir, max_inflight=max_inflight, max_file_lines=1_000_000, max_file_bytes=1 << 32
     )
@@ -795,23 +799,19 @@ def needs_floor(cell: dict[str, Any], floor: float) -> bool:
 # Judging and reporting
 
 
-def verdicts_of(cell: dict[str, Any], absolute: dict[str, float], throughput: str) -> dict[str, seed_judge.Verdict]:
-    """Each configuration's verdict at the load: those BROS's goal is judged on against the
-    ``absolute`` SLO, the rest against the load's targets, on its ``throughput`` figure."""
-    return {
+def judged(
+    cell: dict[str, Any], absolute: dict[str, float], throughput: str, floor: float | None = None
+) -> dict[str, Any]:
+    """Each configuration's verdict at the load (those BROS's goal is judged on against the
+    ``absolute`` SLO, the rest against the load's targets) on its ``throughput`` figure, the
+    baseline's score (`seed_judge.baseline_score`: the searched value is the floor's run where it
+    was ``floor``) and each mode's ratio over it."""
+    verdicts = {
         config: seed_judge.verdict(
             config, runs, *slo_for(config, absolute, cell["targets_s"], cell["tolerance"]), throughput=throughput
         )
         for config, runs in cell["runs"].items()
     }
-
-
-def judged(
-    cell: dict[str, Any], absolute: dict[str, float], throughput: str, floor: float | None = None
-) -> dict[str, Any]:
-    """Each configuration's verdict at the load, the baseline's score (`seed_judge.baseline_score`:
-    the searched value is the floor's run where it was ``floor``) and each mode's ratio over it."""
-    verdicts = verdicts_of(cell, absolute, throughput)
     out: dict[str, Any] = {"verdicts": {config: v.to_dict() for config, v in verdicts.items()}}
     if BASELINE in verdicts:
         at_floor = verdicts.get(BASELINE_FLOOR)
