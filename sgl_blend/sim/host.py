@@ -12,14 +12,6 @@ A gap (`core.host_gap`) is the time between a forward's end and the next launch,
 processing, streaming and scheduling on the host's shared cores. It grows with the requests a
 batch carries, so gaps are kept by the batch's request count, and a simulated iteration draws
 one measured from batches of its size.
-
-The host is slow in spells, not one iteration at a time: in the emulated judge's records the
-gaps' autocorrelation at lag 1 was 0.2-0.5, and drawing each gap on its own let the simulator
-see fewer slow iterations in a row than the engine ran (docs/results.md, "The simulator's chunk
-rule"). So each measured gap also keeps where it fell in its class (its quantile), in the order
-the engine ran them, and a simulated run walks that sequence from a random start: iteration i
-draws its batch size's gap at the i-th quantile. Each class keeps its measured distribution, and
-the spells keep their length in iterations.
 """
 
 from __future__ import annotations
@@ -52,31 +44,25 @@ MIN_CLASS_GAPS = 50
 class HostGaps:
     """Measured host gaps (seconds), one sorted tuple per request-count class of
     `REQUEST_CLASSES`; a class with fewer than `MIN_CLASS_GAPS` borrows the nearest one with as
-    many (or, when none has, the nearest measured one). ``spells`` is each gap's quantile in its
-    class, in the order the engine ran them (empty: gaps drawn independently)."""
+    many (or, when none has, the nearest measured one)."""
 
     by_class: tuple[tuple[float, ...], ...]
-    spells: tuple[float, ...] = ()
 
     @classmethod
     def measure(
         cls, records: Iterable[dict[str, Any]], keep: Callable[[dict[str, Any]], bool] = lambda _: True
     ) -> HostGaps:
         """Gaps (`core.host_gap`) after every kept record that the next record follows without an
-        idle spell, and their quantiles in the order they ran."""
+        idle spell."""
         classes: list[list[float]] = [[] for _ in range(len(REQUEST_CLASSES) + 1)]
-        ran: list[tuple[int, float]] = []
         previous: dict[str, Any] | None = None
         for record in records:
             if previous is not None and keep(previous) and (gap := gap_after(previous, record)) is not None:
-                index = cls.class_of(batch_requests(previous))
-                classes[index].append(gap)
-                ran.append((index, gap))
+                classes[cls.class_of(batch_requests(previous))].append(gap)
             previous = record
         if not any(classes):
             raise ValueError("no host gaps in these records: no two consecutive kept iterations")
-        by_class = tuple(tuple(sorted(gaps)) for gaps in classes)
-        return cls(by_class, tuple(quantile(by_class[index], gap) for index, gap in ran))
+        return cls(tuple(tuple(sorted(gaps)) for gaps in classes))
 
     @staticmethod
     def class_of(requests: int) -> int:
@@ -115,15 +101,9 @@ class HostGaps:
         return rows
 
 
-def quantile(gaps: tuple[float, ...], gap: float) -> float:
-    """``gap``'s mid-rank quantile among the sorted ``gaps`` (ties share their middle)."""
-    return (bisect.bisect_left(gaps, gap) + bisect.bisect_right(gaps, gap)) / (2 * len(gaps))
-
-
 class HostBoundClock:
     """A clock whose iteration lasts its forward or a host gap drawn for its batch size, whichever
-    is longer: the emulated pacer's rule with this host's measured gaps, drawn along the host's
-    measured spells (`HostGaps.spells`) from a start ``seed`` picks.
+    is longer: the emulated pacer's rule with this host's measured gaps.
 
     ``observer`` sees each batch's request count and its drawn gap, as the emulated engine's
     iteration records show them to a scheduler that learns the host's time (BROS's
@@ -137,18 +117,10 @@ class HostBoundClock:
         self.host = host
         self.observer = observer
         self._rng = np.random.default_rng(seed)
-        self._spell = int(self._rng.integers(len(host.spells))) if host.spells else 0
 
     def measure(self, shape: BatchShape) -> float:
         gaps = self.host.gaps_for(shape.requests)
-        gap = gaps[min(int(self._next_quantile() * len(gaps)), len(gaps) - 1)]
+        gap = gaps[int(self._rng.integers(len(gaps)))]
         if self.observer is not None:
             self.observer(shape.requests, gap)
         return max(self.clock.measure(shape), gap)
-
-    def _next_quantile(self) -> float:
-        spells = self.host.spells
-        if not spells:
-            return float(self._rng.random())
-        self._spell = (self._spell + 1) % len(spells)
-        return spells[self._spell]

@@ -125,29 +125,3 @@ def test_a_host_slower_than_the_device_slows_online_and_offline_work_in_the_simu
 
     assert offline_slow < offline_fast
     assert ttft_slow > ttft_fast
-
-
-def test_the_host_is_slow_in_spells_as_it_was_measured() -> None:
-    """Gaps measured in runs (five slow iterations, then five fast, twice over, in one class) are
-    drawn in those runs from wherever the clock starts: one pass over the spells gives every
-    measured gap once, and a slow gap is followed by a slow one as often as it was measured."""
-    periods = [0.030] * 5 + [0.011] * 5 + [0.030] * 5 + [0.011] * 5
-    lines = [record(4, 0.010)] + [record(4, 0.010, period_s=period) for period in periods]
-    host = HostGaps.measure(lines)
-    shape = BatchShape().with_decode(100)
-
-    for seed in range(5):
-        clock = HostBoundClock(FixedClock(0.0), host, seed=seed)
-        drawn = [round(clock.measure(shape), 3) for _ in range(len(periods))]
-        assert sorted(drawn) == sorted(round(period - 0.010, 3) for period in periods)
-        changes = sum(1 for first, second in zip(drawn, drawn[1:]) if first != second)
-        assert changes <= 4, drawn  # spells of five; independent draws change about ten times
-
-
-def test_gaps_given_without_their_order_are_drawn_independently() -> None:
-    host = HostGaps(((0.001, 0.002, 0.003, 0.004),))
-    clock = HostBoundClock(FixedClock(0.0), host, seed=3)
-
-    drawn = {clock.measure(BatchShape().with_decode(10)) for _ in range(200)}
-
-    assert drawn == {0.001, 0.002, 0.003, 0.004}
