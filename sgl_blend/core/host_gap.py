@@ -11,7 +11,7 @@ batch's tokens leave the device ``max(price, gap)`` after the previous batch's, 
 is the previous batch's forward plus this gap: ``price(n-1) - gap(n-1) + gap(n)``, one batch
 late and with the host's jitter twice. On online-only replays at 30% load (1,000 requests, three
 seeds) the per-token P99 of periods was 11.2-11.4 ms and of ends 9.0-9.9 ms, medians both 4.9 ms
-(docs/results.md, "HyGen's budget searched from 4 ms, in a slow spell").
+(docs/colocation-history.md, "HyGen's budget searched from 4 ms, in a slow spell").
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ neither the calibration that priced the unit over the budget nor the state can c
 scheduler with nothing to run sleeps until a new request arrives. On the emulated H100 the
 calibration learned the 2-core host's ~7.5 ms period floor from small batches (ratio 2.8 to the
 fitted model); HyGen's 8 ms budget then priced a single decode above itself, and the batch
-stopped for 18-24 s, until an online request arrived (docs/results.md).
+stopped for 18-24 s, until an online request arrived (docs/colocation-history.md).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ REQUEST_CLASSES = (8, 16, 32, 64, 128, 256)
 # against the 5 ms median of the 2,748 gaps of the next class, and HyGen's budget, calibrated on
 # those draws, held the simulated engine to 1,979 offline tok/s on evaluation seed 1 where the
 # emulated one decoded about 4,190; with the sparse classes pooled it simulates 4,148, the same
-# for any bound from 10 to 200 (docs/results.md, the simulator check).
+# for any bound from 10 to 200 (docs/colocation-history.md, the simulator check).
 MIN_CLASS_GAPS = 50
 
 

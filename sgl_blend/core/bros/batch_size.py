@@ -8,7 +8,7 @@ It never exceeds what the engine can run at once.
 Only the time budget holds it back, as in the paper (§IV-B: it doubles unless Alg. 1 stopped at
 lines 11-12). A batch the size itself or the KV pool filled grows: holding the size there, with
 more RT requests queued than it admits, kept BROS at the base while new RT prompts waited
-seconds behind RT decodes on the emulated H100 (docs/results.md, "BROS at its own SLO").
+seconds behind RT decodes on the emulated H100 (docs/colocation-history.md, "BROS at its own SLO").
 """
 
 from __future__ import annotations
