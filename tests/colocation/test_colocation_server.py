@@ -339,9 +339,12 @@ def test_a_parked_offline_decode_is_held_with_its_kv_through_an_online_burst_and
     distinct prompts than the pool has free; the held KV is not the cache's to evict. Once the
     budget is lifted the decode goes back into the batch as it was: no forward from the park until
     it has decoded 20 more tokens prefills a single offline token (a retracted decode would come
-    back through a prefill), and it writes what it writes undisturbed. (Its 1,000 tokens outlast
-    the moment the budget takes effect on a fast host; those 20 tokens keep the forwards counted
-    within the iteration log's 256 records.)"""
+    back through a prefill), and what it wrote before the online request joined is what it writes
+    alone. (Past that point the tokens are not compared: SGLang's CPU kernels are not made
+    batch-invariant, so beside another request a random model's near-tied logits may pick another
+    token; one CI run differed at token 96 after the hold's checks before it had passed. Its 1,000
+    tokens outlast the moment the budget takes effect on a fast host; those 20 tokens keep the
+    forwards counted within the iteration log's 256 records.)"""
     prompt = tokens(300, 21)
     undisturbed = generate(server, prompt, 1000, offline=True, rid="held-undisturbed")
     requests.post(f"{server.base_url}/flush_cache", timeout=60).raise_for_status()
@@ -349,6 +352,7 @@ def test_a_parked_offline_decode_is_held_with_its_kv_through_an_online_burst_and
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         parked = pool.submit(generate_streaming, server, prompt, 1000, "held", progress)
         wait_for(lambda: progress[0] >= 50, "the offline request to decode 50 tokens")
+        alone = progress[0]
         with online_decoding(server, 1500):
             try:
                 assert set_state(server, {"sgl_blend_latency_budget_s": 0.0, RESET: 1})
@@ -365,7 +369,8 @@ def test_a_parked_offline_decode_is_held_with_its_kv_through_an_online_burst_and
         wait_for(lambda: progress[0] >= held_at + 20 or parked.done(), "the held decode to decode 20 more tokens")
         state = plugin_state(server)
         resumed = parked.result()
-    assert resumed["output_ids"] == undisturbed["output_ids"]
+    assert len(resumed["output_ids"]) == len(undisturbed["output_ids"])
+    assert resumed["output_ids"][:alone] == undisturbed["output_ids"][:alone]
     assert state["colocation"]["held"]["resumes"] > held["resumes"], state["colocation"]["held"]
     offline_prefills = [record for record in state["iterations"] if record["offline_prefill"]]
     assert not offline_prefills, offline_prefills
