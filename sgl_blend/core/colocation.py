@@ -252,8 +252,8 @@ class ColocationController:
         admitted took the host just as long. On the emulated H100 over the 2-core host, Echo's
         periods stayed at 11-11.5 ms (median) whether its batches carried 0-15 offline decodes or
         45-60, while the priced forward went from 5.2 to 10.7 ms, and its calibration, 1.1 in the
-        latter, reached 2.4 in the former and held Echo there (docs/colocation-history.md, "Echo's calibration
-        and the host")."""
+        latter, reached 2.4 in the former and held Echo there (docs/colocation-history.md,
+        "Echo's calibration and the host")."""
         if not model_s or not measured_s or model_s <= 0 or measured_s <= 0:
             return
         if self.host.seconds(requests) >= model_s * self.calibration:

@@ -166,7 +166,8 @@ def still_chunked(chunks: Sequence[tuple[_Active, int]]) -> bool:
     (`after_chunked` takes its chunk room); once it completes, a new prompt may be cut.
     Forbidding any cut while a prompt had been under way, completing or not, admitted fewer
     offline prompts than the engine: HyGen at a 17.45 ms budget (30% load) kept 71 offline decodes
-    a batch where the emulated engine kept 89 (docs/colocation-history.md, "The simulator's chunk rule")."""
+    a batch where the emulated engine kept 89 (docs/colocation-history.md, "The simulator's
+    chunk rule")."""
     return any(chunk < active.prefill_left for active, chunk in chunks)
 
 

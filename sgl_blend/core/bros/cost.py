@@ -10,8 +10,9 @@ The paper prices the device alone. An RT request's next token comes one launch-t
 later, and on a host that does not keep up that period is mostly the host's: result processing,
 streaming and scheduling, per request in the batch. On the emulated H100 over a 2-core host a
 BROS batch of about 250 requests came back 59 ms after its launch at the median, 46 ms of it the
-host's gap after the forward: about 19 ms plus 0.14 ms a request (docs/colocation-history.md, "BROS at its
-own SLO"). `HostTime` learns that time from the engine's own periods, so the budget test sees it.
+host's gap after the forward: about 19 ms plus 0.14 ms a request (docs/colocation-history.md,
+"BROS at its own SLO"). `HostTime` learns that time from the engine's own periods, so the budget
+test sees it.
 
 A mean is not what an attainment SLO asks for: a plan that fills its deadline with the mean
 period misses it whenever the period runs long. On that host, with every plan predicted within
@@ -19,8 +20,9 @@ its budget, 5-10% of the periods with RT requests in them ran over it. `PeriodTa
 measured periods run past their plans' means, and a plan asked to (``bros_tail_quantile``, off
 by default as in the paper) keeps that margin free. On the 2-core host at 0.99 it cut those
 overruns to about 2% and the P99 of those periods from 124-157 to 100-122 ms, but moved the
-client's P99 TTFT the other way, through the host's way out (docs/colocation-history.md, "BROS planning to
-the tail of its periods"). On a device whose periods match the model the margin is about 0.
+client's P99 TTFT the other way, through the host's way out (docs/colocation-history.md,
+"BROS planning to the tail of its periods"). On a device whose periods match the model the
+margin is about 0.
 """
 
 from __future__ import annotations
