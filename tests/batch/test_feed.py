@@ -93,3 +93,29 @@ def test_while_batches_are_read_a_plan_waits_for_enough_lines_unless_the_queue_r
     ranks = [line.plan_rank for line in store.lines(batch_id)]
     assert FIRST_PROVISIONAL_LINES > 12 and min(ranks) >= 10, "the last plan's ranks follow the first's"
     store.close()
+
+
+def test_a_provisional_plan_that_took_every_line_is_followed_by_a_validated_one(tmp_path: Path) -> None:
+    """Validation can end between a plan's start and its end: the plan stays provisional though it
+    took every line, and the lines still queued are planned again once validation is over."""
+    store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
+    batch_id = add_batch(store, blobs, [chat_line("c")], owner="planner-test")
+    store.add_lines(batch_id, "planner-test", [LineRow(number, f"c{number}", 0, 0) for number in range(1, 11)])
+    feed = Feed()
+    cost = CostModel(model_spec("llama-3.1-8b"), BUILTIN_HARDWARE["h100-sxm"])
+    keeper = PlanKeeper(feed, LinePlanner(cost, blend=False), store, "planner-test",
+                         lambda keys, _items: dict.fromkeys(keys, A), wake=lambda: None)
+
+    async def drive() -> None:
+        keeper.add(batch_id, list(range(1, 11)), {number: item(number) for number in range(1, 11)})
+        keeper.step(validating=True, starving=True)
+        await keeper._task
+        assert [record.provisional for record in keeper.plans] == [True] and not keeper.unplanned
+        keeper.step(validating=False, starving=False)
+        await keeper._task
+        assert [(record.lines, record.provisional) for record in keeper.plans] == [(10, True), (10, False)]
+        keeper.step(validating=False, starving=False)
+        assert not keeper.planning, "one validated plan is enough"
+
+    asyncio.run(drive())
+    store.close()
