@@ -68,14 +68,20 @@ def item(number: int) -> WorkItem:
     return WorkItem(number, array("i", [7, 7, 7, number]), 4, True)
 
 
-def test_while_batches_are_read_a_plan_waits_for_enough_lines_unless_the_queue_runs_dry(tmp_path: Path) -> None:
+def keeper_over(tmp_path: Path, lines: int) -> tuple[BatchStore, str, Feed, PlanKeeper]:
+    """A keeper with a store holding one batch of ``lines`` lines, planning without blending."""
     store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
     batch_id = add_batch(store, blobs, [chat_line("c")], owner="planner-test")
-    store.add_lines(batch_id, "planner-test", [LineRow(number, f"c{number}", 0, 0) for number in range(1, 13)])
+    store.add_lines(batch_id, "planner-test", [LineRow(number, f"c{number}", 0, 0) for number in range(1, lines + 1)])
     feed = Feed()
     cost = CostModel(model_spec("llama-3.1-8b"), BUILTIN_HARDWARE["h100-sxm"])
     keeper = PlanKeeper(feed, LinePlanner(cost, blend=False), store, "planner-test",
                          lambda keys, _items: dict.fromkeys(keys, A), wake=lambda: None)
+    return store, batch_id, feed, keeper
+
+
+def test_while_batches_are_read_a_plan_waits_for_enough_lines_unless_the_queue_runs_dry(tmp_path: Path) -> None:
+    store, batch_id, feed, keeper = keeper_over(tmp_path, 12)
 
     async def drive() -> None:
         keeper.add(batch_id, list(range(1, 11)), {number: item(number) for number in range(1, 11)})
@@ -98,13 +104,7 @@ def test_while_batches_are_read_a_plan_waits_for_enough_lines_unless_the_queue_r
 def test_a_provisional_plan_that_took_every_line_is_followed_by_a_validated_one(tmp_path: Path) -> None:
     """Validation can end between a plan's start and its end: the plan stays provisional though it
     took every line, and the lines still queued are planned again once validation is over."""
-    store, blobs = BatchStore.open("", tmp_path), BlobDir(tmp_path)
-    batch_id = add_batch(store, blobs, [chat_line("c")], owner="planner-test")
-    store.add_lines(batch_id, "planner-test", [LineRow(number, f"c{number}", 0, 0) for number in range(1, 11)])
-    feed = Feed()
-    cost = CostModel(model_spec("llama-3.1-8b"), BUILTIN_HARDWARE["h100-sxm"])
-    keeper = PlanKeeper(feed, LinePlanner(cost, blend=False), store, "planner-test",
-                         lambda keys, _items: dict.fromkeys(keys, A), wake=lambda: None)
+    store, batch_id, _feed, keeper = keeper_over(tmp_path, 10)
 
     async def drive() -> None:
         keeper.add(batch_id, list(range(1, 11)), {number: item(number) for number in range(1, 11)})
