@@ -100,7 +100,6 @@ class PlanKeeper:
         self._task: asyncio.Task | None = None
         self._observed_at_last_plan = 0
         self._last_plan_lines = 0
-        self._last_plan_provisional = False
         self._next_rank = 0
         self._footprint = [0.0, 0]
 
@@ -200,9 +199,9 @@ class PlanKeeper:
             return len(self.unplanned) >= max(FIRST_PROVISIONAL_LINES, self._last_plan_lines)
         # A provisional plan may have taken every line before validation ended (whether a plan is
         # provisional is decided when it is started): the lines left are planned once more.
-        if self._last_plan_provisional and not validating:
-            self._last_plan_provisional = False
-            return any(key not in self.samples for key in self.feed.queued())
+        last_provisional = bool(self.plans) and self.plans[-1].provisional
+        if last_provisional and not validating and any(key not in self.samples for key in self.feed.queued()):
+            return True
         return len(self.observed) > self._observed_at_last_plan and not self.samples and len(self.feed) > 0
 
     async def _plan(self, provisional: bool) -> None:
@@ -224,7 +223,6 @@ class PlanKeeper:
             self.unplanned.pop(key, None)
         self._observed_at_last_plan = len(observed)
         self._last_plan_lines = 2 * len(keys)
-        self._last_plan_provisional = provisional
         self.plans.append(PlanRecord(len(keys), provisional, len(observed), self._next_rank))
         logger.info(
             "planned %d lines%s (%d samples observed, memory share %.2f)",
