@@ -473,9 +473,13 @@ class BlendServePolicy(PlannedPolicy):
         return TreePlanner(self.tree, self.sharing, include, self.split_threshold).plan()
 
     def admission_side(self, rid: str) -> str | None:
+        """A running request's side; a pending one's is the side its proposal would admit it from
+        (what the engine records when it admits from a proposal made a step before)."""
         state = self._by_rid.get(rid)
         if state is None:
             return None
+        if state.status is Status.PENDING:
+            return state.proposed
         if state.side == SAMPLE_SIDE:
             return SAMPLE_SIDE
         return self.scanner.side(state.index) if self.scanner else None

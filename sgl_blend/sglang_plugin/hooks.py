@@ -8,13 +8,17 @@
   let the mode plan before SGLang builds a prefill or a decode batch, and drop the plan after;
   the prefill hook passes on the running batch the mode returns (held decodes put back).
 - An AROUND hook on ``Scheduler.is_fully_idle`` keeps SGLang busy while the mode holds decodes
-  out of the running batch (an idle scheduler checks its KV pool for leaks and sleeps), and an
-  AFTER hook on ``Scheduler.abort_request`` frees held decodes, which SGLang's abort cannot see.
+  out of the running batch or offline requests wait in the pool's backlog (an idle scheduler
+  checks its KV pool for leaks and sleeps), and an AROUND hook on ``Scheduler.abort_request``
+  puts the backlog's requests it names where SGLang's abort finds them, and frees held decodes,
+  which SGLang's abort cannot see.
 - An AROUND hook on ``Scheduler.run_batch`` keeps the per-iteration record and times the forward;
   an AFTER hook on ``process_batch_result`` reports progress and completions.
 - An AFTER hook on ``SchedulerLoadInquirer.get_loads`` counts a mixed iteration's decodes in the
-  load report's running requests (`load_report`).
-- An AFTER hook on ``Scheduler._add_request_to_queue`` notes when requests first arrive.
+  load report's running requests (`load_report`), and the backlog in its waiting ones.
+- Every hook's own time, outside SGLang's code, is the plugin's time in the loop (`plugin_time`).
+- An AFTER hook on ``Scheduler._add_request_to_queue`` notes when requests first arrive (an
+  offline one leaves SGLang's queue for the pool's backlog) and when a running one comes back.
 - An AFTER hook on ``GenerateReqInput.__getitem__`` (in the HTTP process) gives the samples of an
   ``n > 1`` request its routing key, which SGLang leaves off them; an AROUND hook on the HTTP
   server's post-start ``/freeze_gc`` call holds it until the server listens.
@@ -50,48 +54,62 @@ def register_hooks(runtime: PluginRuntime) -> None:
     )
     abort_req = sgl.argument(sgl.ABORT_REQUEST, "recv_req")
 
+    clock = runtime.time
+
     def calc_priority(original: Callable, *args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        runtime.order_waiting_queue(waiting_queue.read(args, kwargs), args[0].tree_cache)
+        with clock:
+            runtime.order_waiting_queue(waiting_queue.read(args, kwargs), args[0].tree_cache)
         return result
 
     def around_prefill(original: Callable, *args: Any, **kwargs: Any) -> Any:
-        batch = runtime.before_prefill(args[0], running_arg.read(args, kwargs))
-        args, kwargs = running_arg.replaced(args, kwargs, batch)
+        with clock:
+            batch = runtime.before_prefill(args[0], running_arg.read(args, kwargs))
+            args, kwargs = running_arg.replaced(args, kwargs, batch)
         try:
             result = original(*args, **kwargs)
         except BaseException:
             runtime.end_iteration()
             raise
-        if sgl.prefill_built(result):
-            runtime.end_iteration()
-        else:
-            runtime.prefill_built_nothing()
+        with clock:
+            if sgl.prefill_built(result):
+                runtime.end_iteration()
+            else:
+                runtime.prefill_built_nothing()
         return result
 
     def around_decode(original: Callable, *args: Any, **kwargs: Any) -> Any:
-        runtime.before_decode(args[0], decode_batch.read(args, kwargs))
+        with clock:
+            runtime.before_decode(args[0], decode_batch.read(args, kwargs))
         try:
             return original(*args, **kwargs)
         finally:
-            runtime.end_iteration()
+            with clock:
+                runtime.end_iteration()
 
     def around_run_batch(original: Callable, *args: Any, **kwargs: Any) -> Any:
-        runtime.begin_forward(args[0], forward_batch.read(args, kwargs))
+        with clock:
+            runtime.begin_forward(args[0], forward_batch.read(args, kwargs))
         started = time.monotonic()
         result = original(*args, **kwargs)
-        runtime.forward_done(time.monotonic() - started)
+        forward_s = time.monotonic() - started
+        with clock:
+            runtime.forward_done(forward_s)
         return result
 
     def after_batch_result(result: Any, *args: Any, **kwargs: Any) -> Any:
-        batch = result_batch.read(args, kwargs)
-        if batch is not None:
-            runtime.batch_done(batch)
+        with clock:
+            batch = result_batch.read(args, kwargs)
+            if batch is not None:
+                runtime.batch_done(batch)
         return result
 
     def after_add_to_queue(result: Any, *args: Any, **kwargs: Any) -> Any:
-        if not retracted.read(args, kwargs):
-            runtime.note_arrival(args[0], queued_req.read(args, kwargs))
+        with clock:
+            if retracted.read(args, kwargs):
+                runtime.requeued(queued_req.read(args, kwargs))
+            else:
+                runtime.note_arrival(args[0], queued_req.read(args, kwargs))
         return result
 
     def around_idle(original: Callable, *args: Any, **kwargs: Any) -> bool:
@@ -101,10 +119,16 @@ def register_hooks(runtime: PluginRuntime) -> None:
         running = runtime.running_requests(args[0].get_running_batch())
         if running is not None:
             load.num_running_reqs = running
+        load.num_waiting_reqs += len(runtime.backlog)
         return load
 
-    def after_abort(result: Any, *args: Any, **kwargs: Any) -> Any:
-        runtime.aborted(args[0], abort_req.read(args, kwargs))
+    def around_abort(original: Callable, *args: Any, **kwargs: Any) -> Any:
+        recv_req = abort_req.read(args, kwargs)
+        with clock:
+            matched = runtime.before_abort(args[0], recv_req)
+        result = original(*args, **kwargs)
+        with clock:
+            runtime.aborted(args[0], recv_req, matched)
         return result
 
     sgl.register_hook(sgl.CALC_PRIORITY, calc_priority)
@@ -116,7 +140,7 @@ def register_hooks(runtime: PluginRuntime) -> None:
     sgl.register_hook(sgl.ADD_REQUEST_TO_QUEUE, after_add_to_queue)
     sgl.register_hook(sgl.IS_FULLY_IDLE, around_idle)
     sgl.register_hook(sgl.GET_LOADS, after_get_loads)
-    sgl.register_hook(sgl.ABORT_REQUEST, after_abort)
+    sgl.register_hook(sgl.ABORT_REQUEST, around_abort)
     sgl.register_hook(sgl.SUBREQUEST_ROUTING_KEY, subrequest_keeps_routing_key)
     sgl.register_hook(sgl.FREEZE_GC_AFTER_WARMUP, freeze_gc_once_listening)
     register_internal_state_hooks(runtime)

@@ -116,11 +116,13 @@ class IterationRecorder:
         self._arrived.setdefault(rid, (iterations_so_far, time.time()))
         _bound(self._arrived)
 
-    def begin(self, batch: Any, iteration: int) -> None:
-        """Before the forward; ``iteration`` is the number SGLang is about to give the batch."""
+    def begin(self, batch: Any, iteration: int, plugin_s: float = 0.0) -> None:
+        """Before the forward; ``iteration`` is the number SGLang is about to give the batch,
+        ``plugin_s`` the plugin's own time in the loop since the last launch (`plugin_time`)."""
         shape, counts = batch_composition(batch)
         record: dict[str, Any] = {
             "iteration": iteration,
+            "plugin_s": round(plugin_s, 6),
             "mode": batch.forward_mode.name.lower(),
             **shape.to_dict(),
             **counts,

@@ -19,6 +19,7 @@ from typing import Any
 from sgl_blend.core.colocation import ColocationConfig
 from sgl_blend.core.cost_model import CostModel, HardwareSpec, ModelSpec, model_spec
 from sgl_blend.core.policy_registry import REGISTRY, SERVE, lookup
+from sgl_blend.core.policy_worker import WORKER_KINDS
 from sgl_blend.cpu_compat import cuda_present
 from sgl_blend.emulation.config import EmulationConfig
 
@@ -48,7 +49,9 @@ class PluginSettings:
     built-in name or an `sgl-blend profile` JSON; None: `configured_hardware`'s default).
     ``psm_utility`` is HyGen's anti-starvation utility for the ``psm`` policy (None: its default).
     ``record_policy_calls`` keeps every call the scheduler makes on the policy, for replay in the
-    simulator. ``iteration_log``, when set, is a JSONL file every per-iteration record is
+    simulator. ``policy_worker`` is where the policy plans, one step ahead of the scheduler loop
+    (`core.policy_worker`: ``process``, ``thread``, or ``inline`` in the loop itself).
+    ``iteration_log``, when set, is a JSONL file every per-iteration record is
     appended to (what `sgl-blend profile --latency` fits on). ``emulation``, when set, replaces
     the model forward with one priced on an emulated device (`sgl_blend.emulation`)."""
 
@@ -56,6 +59,7 @@ class PluginSettings:
     hardware: str | None = None
     psm_utility: float | None = None
     record_policy_calls: bool = False
+    policy_worker: str = "process"
     colocation: ColocationConfig = field(default_factory=ColocationConfig)
     iteration_log: str | None = None
     emulation: EmulationConfig | None = None
@@ -78,6 +82,8 @@ class PluginSettings:
             raise SettingsError(f"psm_utility must be a number in [0, 1] or null, got {utility!r}")
         if not isinstance(self.record_policy_calls, bool):
             raise SettingsError(f"record_policy_calls must be true or false, got {self.record_policy_calls!r}")
+        if self.policy_worker not in WORKER_KINDS:
+            raise SettingsError(f"policy_worker must be one of {', '.join(WORKER_KINDS)}, got {self.policy_worker!r}")
         if not isinstance(self.colocation, ColocationConfig):
             raise SettingsError(f"colocation must be a ColocationConfig, got {self.colocation!r}")
         if self.emulation is not None and not isinstance(self.emulation, EmulationConfig):

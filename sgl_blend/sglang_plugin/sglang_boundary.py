@@ -132,7 +132,10 @@ PROCESS_BATCH_RESULT = Hook(
     f"{SCHEDULER}.Scheduler.process_batch_result", "AFTER", "batch", "progress and completions to the policy"
 )
 ADD_REQUEST_TO_QUEUE = Hook(
-    f"{SCHEDULER}.Scheduler._add_request_to_queue", "AFTER", "req is_retracted", "when a request first arrives"
+    f"{SCHEDULER}.Scheduler._add_request_to_queue",
+    "AFTER",
+    "req is_retracted",
+    "arrivals (an offline one waits in the pool's backlog) and retracted requests",
 )
 IS_FULLY_IDLE = Hook(f"{SCHEDULER}.Scheduler.is_fully_idle", "AROUND", "", "not idle while decodes are held")
 GET_LOADS = Hook(
@@ -141,7 +144,9 @@ GET_LOADS = Hook(
     "",
     "the load report counts a mixed iteration's decodes as running",
 )
-ABORT_REQUEST = Hook(f"{SCHEDULER}.Scheduler.abort_request", "AFTER", "recv_req", "frees held decodes")
+ABORT_REQUEST = Hook(
+    f"{SCHEDULER}.Scheduler.abort_request", "AROUND", "recv_req", "aborts reach the backlog; frees held decodes"
+)
 GET_INTERNAL_STATE = Hook(
     f"{STATE}.SchedulerInternalStateController.get_internal_state", "AFTER", "", "the plugin's state in /server_info"
 )
