@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sgl_blend.core.policy_registry import SERVE, describe, lookup, names_for
+from sgl_blend.core.policy_worker import WORKER_KINDS
 from sgl_blend.launch.colocation_flags import add_colocation_arguments
 
 NAME = "serve"
@@ -40,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=names_for(SERVE),
         default="blendserve",
         help="order of offline work (batch lines) in the scheduler: " + describe(SERVE),
+    )
+    parser.add_argument(
+        "--policy-worker",
+        choices=WORKER_KINDS,
+        default="process",
+        help="where the offline policy plans, one step ahead of SGLang's scheduler loop: a child process "
+        "of each scheduler (default), a thread of it, or inline in the loop",
     )
     parser.add_argument(
         "--hardware",
@@ -217,7 +225,11 @@ def run(args: argparse.Namespace) -> int:
     from sgl_blend.sglang_plugin.settings import PluginSettings
 
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    settings = PluginSettings(offline_policy=lookup(args.offline_policy, SERVE).name, hardware=args.hardware or None)
+    settings = PluginSettings(
+        offline_policy=lookup(args.offline_policy, SERVE).name,
+        hardware=args.hardware or None,
+        policy_worker=args.policy_worker,
+    )
     try:
         batch_api = batch_api_config(args)
     except (OSError, ValueError) as error:

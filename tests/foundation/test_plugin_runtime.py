@@ -24,7 +24,10 @@ BROS_MODEL = {"form": "bros", "coefficients": {"b_prefill": 5e-3, "a0_prefill": 
 
 
 class ExplodingPool:
-    def order_waiting_queue(self, waiting_queue: list, free_kv_tokens: int) -> None:
+    def order_waiting_queue(self, waiting_queue: list) -> None:
+        raise RuntimeError("boom")
+
+    def release(self, waiting_queue: list, free_kv_tokens: int) -> None:
         raise RuntimeError("boom")
 
 
@@ -61,6 +64,22 @@ def test_a_failing_pool_is_switched_off_once_and_the_rest_keeps_going(caplog: py
     assert [record.message for record in caplog.records].count(
         "sgl-blend offline pool failed; falling back to SGLang's own scheduling") == 1
     assert runtime.may_admit(object()) is None
+
+
+def test_a_pool_that_fails_gives_its_backlog_back_to_sglangs_queue() -> None:
+    """Offline requests waiting outside SGLang's queue are not lost when the pool switches off."""
+
+    class Scheduler:
+        tree_cache = TreeCache()
+        waiting_queue: list[Any] = ["online"]
+
+    runtime = PluginRuntime(PluginSettings(offline_policy=OFF))
+    runtime.pool = ExplodingPool()  # type: ignore[assignment]
+    runtime.backlog.update({"a": "offline-a", "b": "offline-b"})
+    scheduler = Scheduler()
+    runtime.release_offline(scheduler)
+    assert runtime.pool is None
+    assert scheduler.waiting_queue == ["online", "offline-a", "offline-b"] and not runtime.backlog
 
 
 def test_settings_changes_reach_the_running_mode_and_restart_a_failed_one() -> None:
