@@ -6,7 +6,9 @@ hand it lines) and, when configured, the Files and Batches routes (`batch_api_ap
 middleware would decide for the Batch API wrongly: its ``--api-key`` middleware takes one key
 (the Batch API takes several, each seeing its own files and batches, `server.auth`) and lets
 everything through when only ``--admin-api-key`` is set, and its CORS middleware allows any
-origin with credentials (`server.cross_origin`). Inside SGLang's lifespan, after SGLang's own
+origin with credentials (`server.cross_origin`). With the Batch API, SGLang's ``--api-key``
+middleware gives way to the key gate (`server.key_gate`) in front of SGLang's stack, which takes
+the same keys as the Batch API on SGLang's routes. Inside SGLang's lifespan, after SGLang's own
 start-up, the in-process engine is built on SGLang's OpenAI handlers and the batch runner starts
 with it; the runner stops before SGLang's shutdown.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -30,10 +32,12 @@ from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.server.cross_origin import guard_browsers
 from sgl_blend.server.errors import ApiError, api_error_handler
 from sgl_blend.server.in_process import InProcessEngine
+from sgl_blend.server.key_gate import KeyGate
 from sgl_blend.server.line_route import LINE_ROUTE_PREFIX, line_route_app
 from sgl_blend.server.routes import ApiContext, build_router
 from sgl_blend.server.runner import BatchRunner
 from sgl_blend.server.store import BatchStore
+from sgl_blend.sglang_plugin import sglang_boundary as sgl
 
 if TYPE_CHECKING:
     from sgl_blend.batch_lines.plan import LinePlanner
@@ -52,22 +56,23 @@ def install(
     self_url: str,
     api_key: str | None,
     admin_api_key: str | None = None,
+    self_key: str | None = None,
     assigner: Assigner = split_evenly,
     planner: LinePlanner | None = None,
 ) -> None:
-    """Mount the line route and, with a ``config``, the Batch API: the store is opened now (failing
-    before SGLang loads a model if it cannot be), the runner starts with the app. The runner runs
-    lines on this server in-process and on the configured workers through their line route,
-    spread over their DP ranks by ``assigner``, in the global plan's order when a ``planner`` is
-    given."""
+    """Mount the line route and, with a ``config``, the Batch API and the key gate: the store is
+    opened now (failing before SGLang loads a model if it cannot be), the runner starts with the
+    app. The runner runs lines on this server in-process and on the configured workers through
+    their line route, spread over their DP ranks by ``assigner``, in the global plan's order when a
+    ``planner`` is given. ``self_key``: one more key the gate takes, that of SGLang's own requests
+    to itself (its warm-up) when the operator gave SGLang no ``--api-key``."""
     engines: list[InProcessEngine] = []
-    routes: dict[str, ASGIApp] = {
-        LINE_ROUTE_PREFIX: line_route_app(
-            lambda: engines[0] if engines else None, tuple(key for key in (api_key, admin_api_key) if key)
-        )
-    }
+    batch_keys = config.api_keys if config is not None else ()
+    keys = BatchKeys(user_keys=tuple(key for key in (api_key, *batch_keys) if key), admin_key=admin_api_key)
+    routes: dict[str, ASGIApp] = {LINE_ROUTE_PREFIX: line_route_app(lambda: engines[0] if engines else None, keys)}
     runners: list[BatchRunner] = []
     store = blobs = None
+    gate: Callable[[ASGIApp], ASGIApp] | None = None
     if config is not None:
         store, blobs = BatchStore.open(config.store_url, config.data_dir), BlobDir(config.data_dir, named=config.named)
 
@@ -75,10 +80,11 @@ def install(
             for runner in runners:
                 runner.wake()
 
-        keys = BatchKeys(user_keys=tuple(key for key in (api_key, *config.api_keys) if key), admin_key=admin_api_key)
         batch_api = batch_api_app(ApiContext(config, store, blobs, wake_runner=wake_runners), keys)
         routes.update(dict.fromkeys(BATCH_API_PATHS, batch_api))
-    put_in_front(app, routes)
+        sgl.replace_key_middleware(_gate_decides)
+        gate = _key_gate(app, BatchKeys((*keys.user_keys, self_key), admin_api_key) if self_key else keys)
+    put_in_front(app, routes, gate)
     sglang_lifespan = app.router.lifespan_context
 
     @asynccontextmanager
@@ -97,7 +103,7 @@ def install(
                 assigner=assigner,
                 worker_grace_s=config.worker_grace_s,
                 owner=f"{socket.gethostname()}:{self_url.rsplit(':', 1)[1]}",
-                api_key=api_key,
+                api_key=next(iter(keys.user_keys), admin_api_key),  # workers take the same keys
                 admin_api_key=admin_api_key,
                 max_inflight=config.max_inflight,
                 max_file_lines=config.max_file_lines,
@@ -129,14 +135,24 @@ def batch_api_app(context: ApiContext, keys: BatchKeys) -> ASGIApp:
     return guard_browsers(api, context.config.cors_origins)
 
 
-def put_in_front(app: FastAPI, routes: dict[str, ASGIApp]) -> None:
+def _key_gate(app: FastAPI, keys: BatchKeys) -> Callable[[ASGIApp], ASGIApp]:
+    """SGLang's stack behind the key gate, which keeps the admin levels SGLang gives its routes."""
+    return lambda stack: KeyGate(stack, keys, lambda scope: sgl.route_auth_level(app, scope))
+
+
+def _gate_decides(app: FastAPI, *, api_key: str | None, admin_api_key: str | None) -> None:
+    """Stands in for SGLang's ``add_api_key_middleware``: the key gate decides for SGLang's routes."""
+
+
+def put_in_front(app: FastAPI, routes: dict[str, ASGIApp], gate: Callable[[ASGIApp], ASGIApp] | None = None) -> None:
     """Route each path prefix of ``routes`` to its app ahead of everything SGLang puts in its app's
     middleware stack (which SGLang completes only when it starts serving, so the stack is wrapped
-    when it is built)."""
+    when it is built); the rest goes through ``gate`` (when given) to SGLang's stack."""
     build_sglang_stack = app.build_middleware_stack
 
     def build_stack() -> ASGIApp:
-        return _PathSplit(routes, build_sglang_stack())
+        sglang = build_sglang_stack()
+        return _PathSplit(routes, gate(sglang) if gate is not None else sglang)
 
     app.build_middleware_stack = build_stack  # type: ignore[method-assign]
 

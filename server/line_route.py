@@ -10,8 +10,9 @@ in-process path (`server.in_process`): validated by SGLang's request model, conv
 A client that goes away takes its unfinished lines with it (SGLang releases them);
 ``POST /sgl_blend/lines/abort`` with ``{"rids": [...]}`` stops some of them.
 
-The route takes SGLang's ``--api-key`` or ``--admin-api-key`` as a Bearer token when either is set,
-as SGLang's own routes do.
+The route takes the keys the server takes (SGLang's ``--api-key`` and ``--admin-api-key``, and the
+Batch API's own keys when it is on) as a Bearer token when any is set, as the server's other routes
+do.
 """
 
 from __future__ import annotations
@@ -35,16 +36,14 @@ ABORT_PATH = "/sgl_blend/lines/abort"
 LINE_ROUTE_PREFIX = "/sgl_blend"
 
 
-def line_route_app(engine: Callable[[], Any], keys: tuple[str, ...]) -> Starlette:
+def line_route_app(engine: Callable[[], Any], keys: BatchKeys) -> Starlette:
     """``engine``: this server's `InProcessEngine` once SGLang has started (None before);
-    ``keys``: the Bearer tokens the route takes (none: open)."""
-
-    accepted = BatchKeys(user_keys=keys)
+    ``keys``: the keys the route takes (none: open)."""
 
     def refused(request: Request) -> Response | None:
         """A 401 for a request without one of ``keys`` (the Batch API's own bearer check)."""
         try:
-            accepted.caller(request.headers.get("authorization"))
+            keys.caller(request.headers.get("authorization"))
         except ApiError:
             return JSONResponse({"error": {"message": "invalid API key", "type": "authentication_error"}}, 401)
         return None

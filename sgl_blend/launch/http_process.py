@@ -12,6 +12,7 @@ is bound to its own cores.
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,8 @@ from sgl_blend.sglang_plugin.settings import PluginSettings, SettingsError
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
+
+    from sgl_blend.server.config import BatchApiConfig
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,18 +72,31 @@ def _mount_routes(server_args: ServerArgs, settings: PluginSettings) -> None:
     from sgl_blend.server.db import StoreInUse
 
     cost_model = settings.cost_model(server_args.model_path, server_args.tp_size)
+    api_key = server_args.api_key
     try:
         install(
             app,
             config,
             self_url=loopback_url(server_args.host, server_args.port),
-            api_key=server_args.api_key,
+            api_key=api_key,
             admin_api_key=server_args.admin_api_key,
+            self_key=_key_for_sglang_itself(server_args, config),
             assigner=PrefixAssigner(cost_model),
             planner=LinePlanner.for_policy(settings.offline_policy, cost_model),
         )
     except (StoreInUse, ValueError, OSError) as error:
         sys.exit(f"error: the Batch API store cannot be opened: {error}")
+
+
+def _key_for_sglang_itself(server_args: ServerArgs, config: BatchApiConfig | None) -> str | None:
+    """SGLang's warm-up calls its own routes with its ``--api-key`` alone. Once the key gate
+    guards them (the Batch API is on and has keys), a server given keys but no ``--api-key``
+    would refuse its own warm-up and stop; so SGLang gets a random key that only this process
+    knows (None when it needs none)."""
+    if config is None or server_args.api_key or not (config.api_keys or server_args.admin_api_key):
+        return None
+    server_args.api_key = secrets.token_urlsafe(32)
+    return server_args.api_key
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ emulation package and the emulation cannot import the plugin back.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import pkgutil
 from collections.abc import Callable
@@ -40,6 +41,7 @@ CACHE = "sglang.srt.mem_cache"
 STATE = "sglang.srt.managers.scheduler_components.internal_state"
 IO = "sglang.srt.managers.io_struct"
 SERVING = "sglang.srt.entrypoints.openai.serving_base.OpenAIServingBase"
+AUTH = "sglang.srt.utils.auth"
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ NAMES: dict[str, str] = {
     "monotonic_time": "sglang.srt.observability.req_time_stats.monotonic_time",
     "DS32EncodingError": "sglang.srt.entrypoints.openai.encoding_dsv32.DS32EncodingError",
     "LogitsProcessorOutput": "sglang.srt.layers.logits_processor.LogitsProcessorOutput",
+    "route_auth_level": f"{AUTH}._get_auth_level_from_app_and_scope",
 }
 
 # Where the plugin enters SGLang (`hooks`, `internal_state`).
@@ -213,6 +216,14 @@ SERVING_HANDLERS = {
     "/v1/embeddings": "openai_serving_embedding",
 }
 
+# The server's key gate (`sgl_blend.server.key_gate`) stands in for SGLang's api-key middleware,
+# which SGLang's start-up installs by importing this function from its module when it runs.
+KEY_MIDDLEWARE = Call(
+    f"{AUTH}.add_api_key_middleware",
+    "app api_key admin_api_key",
+    "replaced: the key gate takes every configured key on every route",
+)
+
 # Callables whose parameters the plugin names: keywords it passes, arguments it reads, overrides.
 ADDER_INIT = Call(
     f"{POLICY}.PrefillAdder.__init__",
@@ -221,6 +232,8 @@ ADDER_INIT = Call(
 )
 CALLS = (
     ADDER_INIT,
+    KEY_MIDDLEWARE,
+    Call(f"{AUTH}._get_auth_level_from_app_and_scope", "app scope", "the key gate keeps SGLang's admin routes"),
     Call(
         f"{SERVING}._convert_to_internal_request",
         "request raw_request",
@@ -475,6 +488,12 @@ def __getattr__(name: str) -> Any:
 def prefill_built(result: tuple[Any, Any]) -> bool:
     """Whether `NEW_PREFILL_BATCH`'s target built a prefill batch (else SGLang decodes next)."""
     return result[0] is not None
+
+
+def replace_key_middleware(install: Callable[..., None]) -> None:
+    """Make SGLang's start-up call ``install`` where it would add its api-key middleware."""
+    module, name = KEY_MIDDLEWARE.target.rsplit(".", 1)
+    setattr(importlib.import_module(module), name, install)
 
 
 def register_hook(hook: Hook, function: Callable[..., Any]) -> None:

@@ -1,7 +1,8 @@
 """The Batch API answers in front of SGLang's own middleware, on a real server with SGLang's
 ``--api-key`` and ``--admin-api-key`` and two Batch API keys: each batch key runs its own batch,
-whose results only it (and the admin) can read, while SGLang's routes keep SGLang's own key check
-and CORS. Its own server, since the keys are part of how it starts."""
+whose results only it (and the admin) can read; every key works on SGLang's routes too, whose
+admin routes keep taking the admin key alone, and which keep SGLang's CORS. Its own server, since
+the keys are part of how it starts."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from sgl_blend.client import http
 from sgl_blend.launch.supervisor import ServerProcess, start_server
 from sgl_blend.server.config import BatchApiConfig
 from tests.batch.helpers import chat_lines, create_batch, records, wait_until
+from tests.batch.key_checks import assert_only_keys_pass
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.server
@@ -52,12 +54,19 @@ def test_each_key_runs_and_reads_only_its_own_batches(keyed_server: ServerProces
     assert client(keyed_server, ENGINE_KEY).batches.list().data == []  # SGLang's key is one more user
 
 
-def test_sglang_routes_keep_sglangs_key_and_cors(keyed_server: ServerProcess) -> None:
-    chat = {"model": "tiny-llama", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
-    online = keyed_server.base_url + "/v1/chat/completions"
-    assert httpx.post(online, json=chat, headers=http.auth_headers(TEAM_A), timeout=60).status_code == 401
-    assert httpx.post(online, json=chat, headers=http.auth_headers(ENGINE_KEY), timeout=60).status_code == 200
+def test_every_key_works_on_sglangs_routes(keyed_server: ServerProcess) -> None:
+    assert_only_keys_pass(keyed_server.base_url, (TEAM_A, TEAM_B, ENGINE_KEY, ADMIN_KEY))
 
+
+def test_sglangs_admin_routes_take_the_admin_key_alone(keyed_server: ServerProcess) -> None:
+    flush = keyed_server.base_url + "/flush_cache"
+    for key in (TEAM_A, ENGINE_KEY):
+        refused = httpx.post(flush, headers=http.auth_headers(key), timeout=60)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", key
+    assert httpx.post(flush, headers=http.auth_headers(ADMIN_KEY), timeout=60).status_code == 200
+
+
+def test_sglang_routes_keep_sglangs_cors(keyed_server: ServerProcess) -> None:
     web = {**http.auth_headers(ENGINE_KEY), "Origin": "https://evil.example"}
     assert httpx.get(keyed_server.base_url + "/v1/models", headers=web).status_code == 200
     assert httpx.get(keyed_server.base_url + "/v1/batches", headers=web).status_code == 403

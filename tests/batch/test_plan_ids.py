@@ -25,6 +25,7 @@ from sgl_blend.models.registry import resolve_model_path
 from sgl_blend.server.config import BatchApiConfig
 from sgl_blend.sglang_plugin.prompt_check import PromptCheck
 from tests.batch.helpers import create_batch, wait_until
+from tests.batch.key_checks import assert_open
 from tests.conftest import free_port
 
 BOS = "<|begin|>"
@@ -99,3 +100,9 @@ def test_a_prompt_other_than_the_planned_one_is_counted() -> None:
     Req.origin_input_ids = [5, 6, 7]
     check.arrived(Req())
     assert check.snapshot() == {"checked": 2, "mismatched": 1}
+
+
+@pytest.mark.server
+def test_a_server_without_keys_is_open(bos_server: ServerProcess) -> None:
+    """The key gate shuts nothing on a server with no key (this module's server has none)."""
+    assert_open(bos_server.base_url)
