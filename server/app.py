@@ -33,6 +33,7 @@ from sgl_blend.server.cross_origin import guard_browsers
 from sgl_blend.server.errors import ApiError, api_error_handler
 from sgl_blend.server.in_process import InProcessEngine
 from sgl_blend.server.key_gate import KeyGate
+from sgl_blend.server.key_redaction import RedactKeys
 from sgl_blend.server.line_route import LINE_ROUTE_PREFIX, line_route_app
 from sgl_blend.server.routes import ApiContext, build_router
 from sgl_blend.server.runner import BatchRunner
@@ -136,8 +137,10 @@ def batch_api_app(context: ApiContext, keys: BatchKeys) -> ASGIApp:
 
 
 def _key_gate(app: FastAPI, keys: BatchKeys) -> Callable[[ASGIApp], ASGIApp]:
-    """SGLang's stack behind the key gate, which keeps the admin levels SGLang gives its routes."""
-    return lambda stack: KeyGate(stack, keys, lambda scope: sgl.route_auth_level(app, scope))
+    """SGLang's stack behind the key gate, which keeps the admin levels SGLang gives its routes,
+    with the keys taken out of what SGLang tells about itself."""
+    every_key = (*keys.user_keys, *([keys.admin_key] if keys.admin_key else []))
+    return lambda stack: KeyGate(RedactKeys(stack, every_key), keys, lambda scope: sgl.route_auth_level(app, scope))
 
 
 def _gate_decides(app: FastAPI, *, api_key: str | None, admin_api_key: str | None) -> None:

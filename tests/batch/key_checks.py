@@ -25,8 +25,11 @@ def answer(base_url: str, method: str, path: str, body: dict | None, key: str | 
 
 
 def assert_only_keys_pass(base_url: str, keys: Sequence[str]) -> None:
-    """Each of ``keys`` works on every route through the official client and raw HTTP; no key, a
-    wrong key or a key's prefix gets 401 in OpenAI's error shape; the health probes stay open."""
+    """Each of ``keys`` works on every route through the official client and raw HTTP, and none of
+    them can read another in ``/server_info``; no key, a wrong key or a key's prefix gets 401 in
+    OpenAI's error shape; the health probes stay open."""
+    info = answer(base_url, "GET", "/server_info", None, keys[0]).text
+    assert not [key for key in keys if key in info]
     for key in keys:
         client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
         assert client.chat.completions.create(**CHAT).choices
