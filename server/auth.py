@@ -6,8 +6,8 @@ that was never made. The admin key (SGLang's ``--admin-api-key``) sees and manag
 The user keys are SGLang's ``--api-key`` and the Batch API's own (``--batch-api-keys``,
 ``--batch-api-keys-file``), so several teams can share one server without seeing each other's
 work. A server with no key at all is a single-user server: everything is everyone's. A server
-with only the admin key is not open: the Batch API then takes the admin key alone, even though
-SGLang's own routes take any request in that configuration.
+with only the admin key is not open: it takes the admin key alone. The same keys guard SGLang's
+own routes (`server.key_gate`).
 """
 
 from __future__ import annotations

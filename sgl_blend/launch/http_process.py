@@ -4,9 +4,9 @@ It is SGLang's own launcher with these differences: it dies with its supervisor
 (`launch.lifeline`); the CPU compatibility finder is installed first, so the process imports even
 where no ``.pth`` start-up line put it in place; the line route other servers' batch runners use
 is mounted on SGLang's app before it starts, and, when `sgl-blend serve` passed a Batch API
-configuration, the Files and Batches routes too (same host, port and API key as SGLang's own
-routes), with the batch runner inside this process. On a CPU with several scheduler ranks, each
-is bound to its own cores.
+configuration, the Files and Batches routes too (same host and port as SGLang's own routes, and
+the same keys: the key gate then guards SGLang's routes), with the batch runner inside this
+process. On a CPU with several scheduler ranks, each is bound to its own cores.
 """
 
 from __future__ import annotations
