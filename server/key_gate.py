@@ -7,11 +7,12 @@ worked on ``/v1/batches`` but not on ``/v1/chat/completions``. When the Batch AP
 server takes SGLang's middleware out (`sglang_boundary.replace_key_middleware`) and this gate
 decides instead, with the Batch API's own check (`BatchKeys.caller`): once any key is configured,
 every route takes any of them (``--api-key``, ``--batch-api-keys``, ``--batch-api-keys-file``,
-``--admin-api-key``). What SGLang leaves open for probes and scrapers stays open (``/health*``,
-``/ready*``, ``/metrics*``, CORS preflights), and so do SGLang's admin levels: a route SGLang
-marks admin-optional (``/flush_cache``, ``/update_weights_from_disk``, ...) takes the admin key
-alone once one is set, and one it marks admin-force is refused (403) on a server without one. A
-refusal is 401 in OpenAI's error shape (``invalid_api_key``).
+``--admin-api-key``), WebSockets too, which SGLang's middleware never checked. What SGLang
+leaves open for probes and scrapers stays open (``/health*``, ``/ready*``, ``/metrics*``, CORS
+preflights), and so do SGLang's admin levels: a route SGLang marks admin-optional
+(``/flush_cache``, ``/update_weights_from_disk``, ...) takes the admin key alone once one is set,
+and one it marks admin-force is refused (403) on a server without one. A refusal is 401 in
+OpenAI's error shape (``invalid_api_key``).
 
 The request carries who sent it: `KEY_OWNER` in its ASGI scope's ``state`` (``request.state``
 to SGLang's handlers) is the key's `key_owner` -- the hash a batch records, never the key -- or
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocketClose
 
 from sgl_blend.server.auth import BatchKeys, Caller
 from sgl_blend.server.errors import ApiError
@@ -48,16 +50,24 @@ class KeyGate:
         self.app, self.keys, self.level = app, keys, level
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PREFIXES):
+        if (
+            scope["type"] not in ("http", "websocket")
+            or scope.get("method") == "OPTIONS"
+            or scope["path"].startswith(OPEN_PREFIXES)
+        ):
             await self.app(scope, receive, send)
             return
         try:
             caller = admitted(self.keys, Headers(scope=scope).get("authorization"), self.level(scope))
         except ApiError as error:
-            await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+            # SGLang checks no WebSocket (``/v1/realtime``); closed before it opens, it is refused with 403.
+            refusal: ASGIApp = (
+                JSONResponse(error.body(), error.status) if scope["type"] == "http" else WebSocketClose(1008)
+            )
+            await refusal(scope, receive, send)
             return
         scope.setdefault("state", {})[KEY_OWNER] = caller.owner
-        logger.debug("%s %s from key owner %s", scope["method"], scope["path"], caller.owner)
+        logger.debug("%s %s from key owner %s", scope.get("method", "WEBSOCKET"), scope["path"], caller.owner)
         await self.app(scope, receive, send)
 
 

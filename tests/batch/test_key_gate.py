@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 
 from sgl_blend.client import http
 from sgl_blend.server.auth import BatchKeys
@@ -63,3 +64,29 @@ def test_probes_and_preflights_need_no_key() -> None:
         assert answer(gate, path).status_code == 200, path
     assert answer(gate, "/v1/models", method="OPTIONS").status_code == 200
     assert answer(gate, "/v1/models").status_code == 401
+
+
+def test_a_websocket_needs_a_key_too() -> None:
+    """SGLang's own check lets every WebSocket (``/v1/realtime``) through; the gate closes one
+    without a key before it opens, which the server answers with 403."""
+    opened: list[str] = []
+
+    async def app(scope: Scope, _receive: Receive, _send: Send) -> None:
+        opened.append(scope["state"][KEY_OWNER])
+
+    async def connect(key: str | None) -> list[Message]:
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            return {"type": "websocket.connect"}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        headers = [(name.lower().encode(), value.encode()) for name, value in http.auth_headers(key).items()]
+        scope = {"type": "websocket", "path": "/v1/realtime", "headers": headers}
+        await KeyGate(app, BatchKeys(user_keys=(TEAM,)), lambda _scope: "normal")(scope, receive, send)
+        return sent
+
+    assert [message["type"] for message in asyncio.run(connect(None))] == ["websocket.close"] and not opened
+    assert asyncio.run(connect(TEAM)) == [] and opened == [key_owner(TEAM)]
