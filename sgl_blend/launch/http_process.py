@@ -72,7 +72,8 @@ def _mount_routes(server_args: ServerArgs, settings: PluginSettings) -> None:
     from sgl_blend.server.db import StoreInUse
 
     cost_model = settings.cost_model(server_args.model_path, server_args.tp_size)
-    api_key = server_args.api_key
+    api_key = server_args.api_key  # the operator's: SGLang may be given a key of its own next
+    self_key = _key_for_sglang_itself(server_args, config)
     try:
         install(
             app,
@@ -80,7 +81,7 @@ def _mount_routes(server_args: ServerArgs, settings: PluginSettings) -> None:
             self_url=loopback_url(server_args.host, server_args.port),
             api_key=api_key,
             admin_api_key=server_args.admin_api_key,
-            self_key=_key_for_sglang_itself(server_args, config),
+            self_key=self_key,
             assigner=PrefixAssigner(cost_model),
             planner=LinePlanner.for_policy(settings.offline_policy, cost_model),
         )
