@@ -46,6 +46,7 @@ class PluginRuntime:
         # Offline requests waiting outside SGLang's queue: the pool's, kept by the runtime so that a
         # pool switched off by a failure gives them back to SGLang.
         self.backlog: dict[str, Any] = {}
+        self.mode.backlog = self.backlog
         self.prompt_check = PromptCheck()
         self.launched: LaunchedRequests | None = LaunchedRequests()
         self.time = PluginTime()

@@ -10,7 +10,7 @@ SGLang's batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sgl_blend.core.colocation import ColocationConfig
@@ -50,6 +50,9 @@ class Mode:
     def __init__(self, config: ColocationConfig) -> None:
         self.config = config
         self.held: HeldDecodes | None = None
+        # The offline pool's backlog (the runtime's): offline requests that wait outside SGLang's
+        # queue, parked ones among them.
+        self.backlog: Mapping[str, Any] = {}
 
     @property
     def kv_priorities(self) -> bool:

@@ -69,7 +69,8 @@ class ColocationMode(Mode):
         self._close_plan(state)
         state.counts["plans"] += 1
         if len(state.parked):
-            state.counts["parked_gone"] += state.parked.forget_missing(req.rid for req in scheduler.waiting_queue)
+            queued = {req.rid for req in scheduler.waiting_queue}
+            state.counts["parked_gone"] += state.parked.forget_missing(lambda rid: rid in queued or rid in self.backlog)
         state.held.sweep()
         echo = state.controller.config.mode == "echo"
         plan = state.controller.begin(

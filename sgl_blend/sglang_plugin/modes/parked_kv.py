@@ -20,7 +20,7 @@ A preemption for memory does not pin: that KV is given back on purpose.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,10 +75,9 @@ class ParkedKV:
         self.dropped_tokens += freed
         return freed
 
-    def forget_missing(self, waiting_rids: Iterable[str]) -> int:
+    def forget_missing(self, waiting: Callable[[str], bool]) -> int:
         """Unpin and forget parked requests no longer waiting (aborted while parked)."""
-        still = set(waiting_rids)
-        gone = [rid for rid in self._parked if rid not in still]
+        gone = [rid for rid in self._parked if not waiting(rid)]
         for rid in gone:
             self._release(self._parked.pop(rid))
         return len(gone)
