@@ -50,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"[demo] chat> {question}\n[demo] {args.model}> {answer}", flush=True)
         if args.batch_lines:
-            from sgl_blend.jobs.demo import run_demo_batch
+            from sgl_blend.jobs.demo import demo_lines, run_demo_batch
 
-            run_demo_batch(client, args.work_dir, args.batch_lines)
+            run_demo_batch(client, args.work_dir, demo_lines(args.batch_lines))
     finally:
         server.stop()
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import openai
@@ -24,8 +25,11 @@ def demo_lines(n: int) -> list[dict]:
     return chats + shared
 
 
-def run_demo_batch(client: openai.OpenAI, work_dir: Path, n: int) -> dict:
-    batch_file = write_jsonl(work_dir / "demo-batch.jsonl", demo_lines(n))
+def run_demo_batch(client: openai.OpenAI, work_dir: Path, lines: Sequence[dict]) -> dict:
+    """Submit ``lines`` (`demo_lines`, made where the ShareGPT package is installed: the GPU check
+    carries them to a machine without it) as one batch, wait for it, and summarise it."""
+    n = len(lines)
+    batch_file = write_jsonl(work_dir / "demo-batch.jsonl", lines)
     print(f"[demo] offline batch: {n} lines from {batch_file}, through POST /v1/files and /v1/batches", flush=True)
     start = time.monotonic()
     batch = submit(client, batch_file, metadata={"source": "sgl-blend demo"})
