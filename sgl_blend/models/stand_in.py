@@ -75,6 +75,8 @@ def write_config(directory: Path, source: Path, shapes: Mapping[str, Any], dtype
             **shapes,
         },
         dtype=dtype,
+        # save_pretrained of a model records its class here; SGLang picks the model class by it.
+        architectures=["LlamaForCausalLM"],
         **special,
     )
     config.save_pretrained(directory)
