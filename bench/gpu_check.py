@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -47,7 +48,7 @@ POLICIES = ("blendserve", "sglang-dfs-weight")
 COLOCATION = "colocation-hygen"
 STEPS = ("demo", *(f"{kind}-{policy}" for kind in ("docqa", "trace") for policy in POLICIES), COLOCATION)
 # The first server compiles the Triton kernels; the others find them in Triton's cache.
-STEP_LIMIT_S = {"demo": 150.0, COLOCATION: 170.0}
+STEP_LIMIT_S = {"demo": 150.0, COLOCATION: 200.0}
 RUN_BATCH_LIMIT_S = 100.0
 # A step is not started with less time left than this: it could not start a server and finish.
 LEAST_STEP_S = 40.0
@@ -83,13 +84,23 @@ class Sizes:
     probe_rate: float
     probe_s: float
     window_s: float
+    # Most online requests a second, whatever the probe says: on the emulated device the forward is
+    # priced, not run, so the probe sees an idle engine and asks for more than a CPU host can serve.
+    rate_cap: float | None = None
 
 
 FULL = Sizes(
-    demo_lines=12, docqa_lines=400, trace_lines=300, online_prompts=400, probe_rate=4.0, probe_s=10.0, window_s=60.0
+    demo_lines=12, docqa_lines=400, trace_lines=300, online_prompts=400, probe_rate=4.0, probe_s=10.0, window_s=45.0
 )
 SMALL = Sizes(
-    demo_lines=12, docqa_lines=30, trace_lines=24, online_prompts=60, probe_rate=1.0, probe_s=4.0, window_s=8.0
+    demo_lines=12,
+    docqa_lines=30,
+    trace_lines=24,
+    online_prompts=60,
+    probe_rate=1.0,
+    probe_s=4.0,
+    window_s=8.0,
+    rate_cap=4.0,
 )
 
 
@@ -261,13 +272,15 @@ def colocation_step(target: Target, inputs: Path, work: Path, sizes: Sizes) -> d
         "server", argparse.Namespace(model=model), colocation_launch(settings, args), settings, work
     ) as engine:
         load = online_rate(engine, probe, prompts)
-        trace = online_trace(PATTERN, load["rate_per_s"], sizes.window_s, sizes.window_s, prompts, 1)
+        rate = min(load["rate_per_s"], sizes.rate_cap or math.inf)
+        trace = online_trace(PATTERN, rate, sizes.window_s, sizes.window_s, prompts, 1)
         online_only = run_trial(engine, trace, None, concurrency=OFFLINE_CONCURRENCY)
         budget = online_only["tbt_p99"]
         set_colocation(engine.server.base_url, {"latency_budget_s": budget})
         hygen = run_trial(engine, trace, offline_lines(240, 0), concurrency=OFFLINE_CONCURRENCY)
     return {
-        "rate_per_s": round(load["rate_per_s"], 3),
+        "rate_per_s": round(rate, 3),
+        "probe_rate_per_s": round(load["rate_per_s"], 3),
         "online_requests": hygen.get("requests"),
         "latency_form": fit.best_form(),
         "latency_holdout_mape": round(fit.holdout_mape[fit.best_form()], 4),
@@ -426,7 +439,8 @@ def markdown(report: dict[str, Any]) -> str:
         case = report["cases"][COLOCATION]
         lines += [
             "",
-            f"Co-location: online {case['rate_per_s']} req/s ({LOAD:.0%} of the online-only capacity); online-only "
+            f"Co-location: online {case['rate_per_s']} req/s (the probe put {LOAD:.0%} of the online-only "
+            f"capacity at {case['probe_rate_per_s']} req/s); online-only "
             f"P99 TTFT {case['online_only']['ttft_p99_ms']} ms and P99 TBT {case['online_only']['tbt_p99_ms']} ms; "
             f"HyGen budget {case['latency_budget_ms']} ms, latency model {case['latency_form']}.",
         ]
