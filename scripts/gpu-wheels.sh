@@ -31,8 +31,7 @@ specs+=("$@")
 rm -rf "$out"
 mkdir -p "$out"
 # pip matches manylinux_2_N tags exactly: SGLang 0.5.23 (a Rust extension inside) is manylinux_2_34.
-# The machine's pip constraints cap torch for the CPU venv; they do not apply to a cp312 download.
-PIP_CONSTRAINT= .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
   -d "$out" "${specs[@]}"
