@@ -115,8 +115,10 @@ class OfflinePool:
             return
         if waiting_queue and waiting_queue[-1] is req:
             waiting_queue.pop()
-        else:
+        elif any(queued is req for queued in waiting_queue):
             waiting_queue.remove(req)
+        else:
+            return  # SGLang refused it (its queue limit, a bad priority) and answered it already
         self._tracked[req.rid] = Tracked(req)
         self.backlog[req.rid] = req
         self._events.append(("submit", [to_offline_request(req)]))
@@ -270,7 +272,8 @@ class OfflinePool:
     def on_batch_result(self, reqs: Iterable[SchedulerReq]) -> None:
         """Report progress and completions, and record which scan sides share this batch."""
         self._iteration += 1
-        self._events.append(("advance", 1))
+        if self._tracked:  # the policy's clock; an engine with no offline work owes the worker nothing
+            self._events.append(("advance", 1))
         sides: Counter[str] = Counter()
         for req in reqs:
             tracked = self._tracked.get(req.rid)
