@@ -23,6 +23,7 @@ No SGLang import: the plugin and the simulator drive the same worker.
 from __future__ import annotations
 
 import multiprocessing
+from abc import ABC, abstractmethod
 import queue
 import threading
 import time
@@ -187,13 +188,44 @@ def _is_calls(answer: Any) -> bool:
     return isinstance(answer, tuple) and bool(answer) and answer[0] == "calls"
 
 
-class ThreadLink:
+class _WorkerLink(ABC):
+    """A worker answering on its own time: messages go into ``_inbox``; subclasses say whether an
+    answer is ready and read one."""
+
+    _inbox: Any
+
+    def __init__(self) -> None:
+        self._newest: Proposal | None = None
+
+    @abstractmethod
+    def _answer_ready(self) -> bool: ...
+
+    @abstractmethod
+    def _answer(self) -> Any: ...
+
+    def send(self, events: list[Event]) -> None:
+        self._inbox.put(events)
+
+    def latest(self) -> Proposal | None:
+        while self._answer_ready():
+            self._newest = self._answer()
+        newest, self._newest = self._newest, None
+        return newest
+
+    def recorded_calls(self) -> list[Any] | None:
+        self._inbox.put("calls")
+        while not _is_calls(answer := self._answer()):
+            self._newest = answer
+        return answer[1]
+
+
+class ThreadLink(_WorkerLink):
     kind = "thread"
 
     def __init__(self, factory: PolicyFactory, kv_capacity: int, record_calls: bool = False) -> None:
+        super().__init__()
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._newest: Proposal | None = None
         worker = PolicyWorker(factory(), kv_capacity, record_calls)
         self._thread = threading.Thread(
             target=_serve, args=(worker, self._receive, self._outbox.put), name="sgl-blend-policy", daemon=True
@@ -208,23 +240,11 @@ class ThreadLink:
         except queue.Empty:
             return _EMPTY
 
-    def send(self, events: list[Event]) -> None:
-        self._inbox.put(events)
+    def _answer_ready(self) -> bool:
+        return not self._outbox.empty()
 
-    def latest(self) -> Proposal | None:
-        while True:
-            try:
-                self._newest = self._outbox.get_nowait()
-            except queue.Empty:
-                break
-        newest, self._newest = self._newest, None
-        return newest
-
-    def recorded_calls(self) -> list[Any] | None:
-        self._inbox.put("calls")
-        while not _is_calls(answer := self._outbox.get()):
-            self._newest = answer
-        return answer[1]
+    def _answer(self) -> Any:
+        return self._outbox.get()
 
     def close(self) -> None:
         self._inbox.put(None)
@@ -254,13 +274,14 @@ def _process_main(factory: PolicyFactory, kv_capacity: int, record_calls: bool, 
         pass
 
 
-class ProcessLink:
+class ProcessLink(_WorkerLink):
     """Events go through a `multiprocessing` queue, whose feeder thread writes them, so a worker
     busy with a long plan never blocks the engine's send; answers come back over a pipe."""
 
     kind = "process"
 
     def __init__(self, factory: PolicyFactory, kv_capacity: int, record_calls: bool = False) -> None:
+        super().__init__()
         context = multiprocessing.get_context("spawn")
         self._inbox = context.Queue()
         self._answers, outbox = context.Pipe(duplex=False)
@@ -272,22 +293,12 @@ class ProcessLink:
         )
         self._process.start()
         outbox.close()
-        self._newest: Proposal | None = None
 
-    def send(self, events: list[Event]) -> None:
-        self._inbox.put(events)
+    def _answer_ready(self) -> bool:
+        return bool(self._answers.poll())
 
-    def latest(self) -> Proposal | None:
-        while self._answers.poll():
-            self._newest = self._answers.recv()
-        newest, self._newest = self._newest, None
-        return newest
-
-    def recorded_calls(self) -> list[Any] | None:
-        self._inbox.put("calls")
-        while not _is_calls(answer := self._answers.recv()):
-            self._newest = answer
-        return answer[1]
+    def _answer(self) -> Any:
+        return self._answers.recv()
 
     def close(self) -> None:
         self._inbox.put(None)
