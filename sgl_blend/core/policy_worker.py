@@ -23,10 +23,10 @@ No SGLang import: the plugin and the simulator drive the same worker.
 from __future__ import annotations
 
 import multiprocessing
-from abc import ABC, abstractmethod
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
