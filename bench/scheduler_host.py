@@ -10,11 +10,11 @@ server of its own, and on it, in order:
    offline routing key, so every line reaches the scheduler, nothing held back by a runner's
    window), then the same online requests while the backlog runs.
 
-Each phase reads the scheduler's ``/server_info``: the plugin's time per iteration (p50, p99: what
-its hooks spent outside SGLang's code, `sglang_plugin.plugin_time`), the median host gap between
-forwards over the last iteration records, and the length of SGLang's waiting queue against the
-backlog. Goals (issue: offline work off the critical path): plugin p99 <= 0.5 ms; the median gap
-with a backlog <= 1.2x online only's.
+The server appends every iteration record to a file (its ``iteration_log``); each phase's records
+give the plugin's time per iteration (p50, p99: what its hooks spent outside SGLang's code,
+`sglang_plugin.plugin_time`) and the median host gap between consecutive forwards (with a
+backlog, over the iterations that ran offline work). Goals (issue: offline work off the critical
+path): plugin p99 <= 0.5 ms; the median gap with a backlog <= 1.2x online only's.
 
     python -m bench.scheduler_host --backlog 1000 --configs off:process,hygen:process,echo:process
     python -m bench.scheduler_host --backlog 50000 --configs off:process,off:inline
@@ -61,9 +61,9 @@ def latency_model() -> dict[str, Any]:
     return fit.models[fit.best_form()].to_dict()
 
 
-def settings(mode: str, worker: str, model: dict[str, Any]) -> PluginSettings:
+def settings(mode: str, worker: str, model: dict[str, Any], log: Path) -> PluginSettings:
     if mode == "off":
-        return PluginSettings(policy_worker=worker)
+        return PluginSettings(policy_worker=worker, iteration_log=str(log))
     extra: dict[str, Any] = (
         {"latency_budget_s": HYGEN_BUDGET_S}
         if mode == "hygen"
@@ -72,13 +72,14 @@ def settings(mode: str, worker: str, model: dict[str, Any]) -> PluginSettings:
     return PluginSettings(
         offline_policy="blendserve" if mode != "hygen" else "psm",
         policy_worker=worker,
+        iteration_log=str(log),
         colocation=ColocationConfig(mode=mode, latency_model=model, **extra),
     )
 
 
-def start(work: Path, mode: str, worker: str, model: dict[str, Any]) -> ServerProcess:
+def start(work: Path, mode: str, worker: str, model: dict[str, Any], log: Path) -> ServerProcess:
     launch = emulated_launch(DEVICE, MODEL, with_free_port(["--enable-cache-report"]))
-    plugin = launch.settings_for(settings(mode, worker, model))
+    plugin = launch.settings_for(settings(mode, worker, model, log))
     return start_server(
         str(launch.model_path),
         with_defaults(launch.sglang_args, plugin.sglang_flags()),
@@ -107,93 +108,87 @@ async def plugin_state(http: httpx.AsyncClient) -> dict[str, Any]:
     return info["internal_states"][0]["sgl_blend"]
 
 
-class RecordSampler:
-    """Reads the scheduler's last iteration records every ``every_s`` (it keeps 256), gathering a
-    phase's records by iteration number; a sample of them when the loop outruns the reads."""
-
-    def __init__(self, http: httpx.AsyncClient, every_s: float = 0.1) -> None:
-        self.http, self.every_s = http, every_s
-        self.records: dict[int, dict[str, Any]] = {}
-        self.state: dict[str, Any] = {}
-        self._task: asyncio.Task | None = None
-
-    async def _run(self) -> None:
-        while True:
-            self.state = await plugin_state(self.http)
-            for record in self.state.get("iterations", []):
-                self.records[record["iteration"]] = record
-            await asyncio.sleep(self.every_s)
-
-    def __enter__(self) -> RecordSampler:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-
-    def figures(self) -> dict[str, Any]:
-        """The plugin's time and the host gaps over the phase's records (gaps only between
-        consecutive iterations)."""
-        records = [self.records[key] for key in sorted(self.records)]
-        plugin = sorted(record.get("plugin_s", 0.0) for record in records)
-        gaps = [
-            gap
-            for previous, record in zip(records, records[1:])
-            if record["iteration"] == previous["iteration"] + 1 and (gap := gap_after(previous, record)) is not None
-        ]
-
-        def at(values: list[float], quantile: float) -> float | None:
-            return round(values[min(len(values) - 1, int(quantile * len(values)))] * 1000, 4) if values else None
-
-        return {
-            "records": len(records),
-            "plugin_p50_ms": at(plugin, 0.5),
-            "plugin_p99_ms": at(plugin, 0.99),
-            "gap_median_ms": round(statistics.median(gaps) * 1000, 4) if gaps else None,
-            "gaps": len(gaps),
-            "batch_requests_median": statistics.median(
-                [sum(record.get(kind, 0) for kind in ("offline_decode", "online_decode", "offline_prefill",
-                                                       "online_prefill")) for record in records]
-            ) if records else None,
-            "plugin_time": self.state.get("plugin_time"),
-        }
+def read_records(path: Path, after: int) -> list[dict[str, Any]]:
+    """The iteration records the server appended (its ``iteration_log``) after iteration ``after``."""
+    records = []
+    with path.open() as handle:
+        for line in handle:
+            record = json.loads(line)
+            if record["iteration"] > after:
+                records.append(record)
+    return records
 
 
-async def run_config(server: ServerProcess, args: argparse.Namespace) -> dict[str, Any]:
+def figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plugin's time per iteration and the host's gaps between consecutive forwards."""
+    plugin = sorted(record.get("plugin_s", 0.0) for record in records)
+    gaps = [
+        gap
+        for previous, record in zip(records, records[1:])
+        if record["iteration"] == previous["iteration"] + 1 and (gap := gap_after(previous, record)) is not None
+    ]
+
+    def at(values: list[float], quantile: float) -> float | None:
+        return round(values[min(len(values) - 1, int(quantile * len(values)))] * 1000, 4) if values else None
+
+    return {
+        "iterations": len(records),
+        "plugin_p50_ms": at(plugin, 0.5),
+        "plugin_p99_ms": at(plugin, 0.99),
+        "gap_median_ms": round(statistics.median(gaps) * 1000, 4) if gaps else None,
+        "gap_p99_ms": at(sorted(gaps), 0.99),
+        "batch_requests_median": statistics.median([sum(record.get(kind, 0) for kind in COUNTS) for record in records])
+        if records
+        else None,
+    }
+
+
+COUNTS = ("offline_decode", "online_decode", "offline_prefill", "online_prefill")
+
+
+def offline_ran(record: dict[str, Any]) -> bool:
+    return record.get("offline_decode", 0) + record.get("offline_prefill", 0) > 0
+
+
+async def last_iteration(http: httpx.AsyncClient) -> int:
+    records = (await plugin_state(http)).get("iterations") or [{"iteration": 0}]
+    return int(records[-1]["iteration"])
+
+
+async def waiting(http: httpx.AsyncClient) -> int:
+    loads = (await http.get("/v1/loads", params={"include": "core"})).json()["loads"]
+    return sum(int(load["num_waiting_reqs"]) + int(load["num_running_reqs"]) for load in loads)
+
+
+async def run_config(server: ServerProcess, log: Path, args: argparse.Namespace) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=None) as http:
         await online(http, 5)  # warm up
-        with RecordSampler(http) as sampler:
-            alone = await online(http, args.online)
-            await asyncio.sleep(0.3)
-        alone_figures = sampler.figures()
+        before = await last_iteration(http)
+        alone = await online(http, args.online)
+        after_alone = await last_iteration(http)
         body = {"text": [f"Offline line {index}: summarise the water cycle." for index in range(args.backlog)],
                 "sampling_params": {"max_new_tokens": OUTPUT_TOKENS, "temperature": 0, "ignore_eos": True},
                 "routing_key": "sgl-blend-offline"}
         began = time.monotonic()
         offline = asyncio.create_task(http.post("/generate", json=body))
-        queue_looks = []
-        while not offline.done():  # until half the backlog is in the scheduler
-            await asyncio.sleep(0.5)
-            pool = (await plugin_state(http)).get("offline") or {}
-            loads = (await http.get("/v1/loads", params={"include": "core"})).json()
-            queue_looks.append({"backlog": pool.get("backlog"), "pending": pool.get("pending"),
-                                "running": pool.get("running"), "loads": loads})
-            if pool.get("counts", {}).get("submitted", 0) >= args.backlog // 2:
+        most = 0
+        while not offline.done():  # the online phase starts once half the backlog reached the scheduler
+            await asyncio.sleep(0.2)
+            most = max(most, await waiting(http))
+            if most >= args.backlog // 2:
                 break
-        with RecordSampler(http) as sampler:
-            during = await online(http, args.online)
-            await asyncio.sleep(0.3)
-        during_figures = sampler.figures()
+        during = await online(http, args.online)
         (await offline).raise_for_status()
         seconds = time.monotonic() - began
-        done_state = await plugin_state(http)
+        pool = (await plugin_state(http)).get("offline") or {}
+    alone_records = read_records(log, before)
+    alone_records = [record for record in alone_records if record["iteration"] <= after_alone]
+    with_offline = [record for record in read_records(log, after_alone) if offline_ran(record)]
     return {
-        "online_only": {"latency": summary(alone), **alone_figures},
-        "with_backlog": {"latency": summary(during), **during_figures, "queue": queue_looks[-3:],
+        "online_only": {"latency": summary(alone), **figures(alone_records)},
+        "with_backlog": {"latency": summary(during), **figures(with_offline), "queued_most": most,
                          "offline_seconds": round(seconds, 2), "offline_lines_per_s": round(args.backlog / seconds, 1)},
-        "pool": {key: value for key, value in (done_state.get("offline") or {}).items()
-                 if key not in ("iterations", "admissions", "policy_calls")},
+        "pool": {key: value for key, value in pool.items() if key not in ("iterations", "admissions", "policy_calls")},
     }
 
 
@@ -221,9 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"backlog": args.backlog, "online": args.online, "goals": GOALS, "configs": {}}
     for config in args.configs.split(","):
         mode, worker = config.split(":")
-        server = start(args.work, mode, worker, model)
+        log = args.work / f"{mode}-{worker}.records.jsonl"
+        log.unlink(missing_ok=True)
+        server = start(args.work, mode, worker, model, log)
         try:
-            result = asyncio.run(run_config(server, args))
+            result = asyncio.run(run_config(server, log, args))
         finally:
             server.stop()
         result["judged"] = judge(result)
