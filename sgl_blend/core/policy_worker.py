@@ -33,7 +33,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from sgl_blend.core.policy_log import RecordedPolicy
@@ -68,8 +68,6 @@ class Proposal:
     requests: tuple[Proposed, ...] = ()
     prefill_budget: int | None = None
     plan_seconds: float = 0.0
-    pending: int = 0
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 class PolicyWorker:
@@ -81,7 +79,6 @@ class PolicyWorker:
         self.policy.set_kv_capacity(kv_capacity)
         self.seen = 0
         self.plan_seconds = 0.0
-        self.proposals = 0
 
     def apply(self, events: Sequence[Event]) -> tuple[int, int] | None:
         """Apply one message's events; the last ``propose`` request's (free KV, most requests)."""
@@ -108,11 +105,7 @@ class PolicyWorker:
             for request in requests
         )
         self.plan_seconds += time.perf_counter() - started
-        self.proposals += 1
-        return Proposal(self.seen, proposed, budget, self.plan_seconds, policy.pending_count(), self.stats())
-
-    def stats(self) -> dict[str, Any]:
-        return {"proposals": self.proposals, "plans": getattr(self.policy, "plans", None)}
+        return Proposal(self.seen, proposed, budget, self.plan_seconds)
 
     def recorded_calls(self) -> list[Any] | None:
         return self.policy.events if isinstance(self.policy, RecordedPolicy) else None

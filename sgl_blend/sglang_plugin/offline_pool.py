@@ -309,6 +309,3 @@ class OfflinePool:
             "admissions": list(self.admissions),
             **({"policy_calls": self.link.recorded_calls()} if self.record_calls else {}),
         }
-
-    def close(self) -> None:
-        self.link.close()
