@@ -177,24 +177,18 @@ class OfflinePool:
         proposal = self.link.latest()
         if proposal is not None:
             self._take(proposal)
-        offline_kept = []
-        keep = []
+        keep: list[Any] = []
+        proposed_here: list[Any] = []
         for req in waiting_queue:
-            if not is_offline(req.routing_key):
-                keep.append(req)
-                continue
-            tracked = self._tracked.get(req.rid)
+            tracked = self._tracked.get(req.rid) if is_offline(req.routing_key) else None
             if tracked is None or tracked.status is not Status.PENDING:
-                keep.append(req)  # not the pool's (it arrived before the pool existed)
+                keep.append(req)  # online, or not the pool's (it arrived before the pool existed)
             elif req.rid in self._proposal:
-                offline_kept.append(req.rid)
+                proposed_here.append(req)
             else:
                 self.backlog[req.rid] = req
-        in_queue = set(offline_kept)
-        proposed = [rid for rid in self._proposal if rid not in in_queue and rid in self.backlog]
-        waiting_queue[:] = (
-            keep + [self._tracked[rid].req for rid in offline_kept] + [self.backlog.pop(rid) for rid in proposed]
-        )
+        released = [self.backlog.pop(rid) for rid in self._proposal if rid in self.backlog]
+        waiting_queue[:] = keep + proposed_here + released
 
     def _send(self, free_kv_tokens: int) -> None:
         """One message per iteration, asking for a proposal. With nothing to report, only when
